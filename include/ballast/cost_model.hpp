@@ -1,0 +1,156 @@
+// CostModel: the time of every operation a plan can contain, and memory per rank.
+// Two families behind one interface: analytical (roofline from Cluster + Model) and
+// profiled (FlexSP's a1, a2, b1, bw[d] coefficients loaded from JSON).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ballast/cluster.hpp"
+#include "ballast/model.hpp"
+#include "ballast/units.hpp"
+
+namespace ballast {
+
+enum class Pass { forward, backward };
+
+/// Causal attention of query positions [q_begin, q_end) against key positions
+/// [kv_begin, kv_end) of one document; a query attends to keys at positions <= its own.
+struct AttentionBlock {
+  Tokens q_begin = 0;
+  Tokens q_end = 0;
+  Tokens kv_begin = 0;
+  Tokens kv_end = 0;
+};
+
+/// Number of (query, key) pairs the causal mask allows in a block.
+Tokens causal_pairs(const AttentionBlock& block);
+/// A whole causal document of `length` tokens as one block.
+inline AttentionBlock whole_document(Tokens length) { return {0, length, 0, length}; }
+
+/// Every operation's time is for the whole model: an op that happens once per layer
+/// (attention, a ring transfer, an all-to-all) is charged for all `layers` layers.
+/// Exceptions, charged once: micro_batch_overhead_s (per rank per micro-batch) and
+/// gradient_sync_time_s (per step).
+class CostModel {
+ public:
+  CostModel(Cluster cluster, Model model);
+  virtual ~CostModel() = default;
+
+  /// "analytical" or the profiled preset's name.
+  virtual std::string name() const = 0;
+  /// JSON that make_cost_model() turns back into an equal cost model.
+  virtual nlohmann::json spec() const = 0;
+
+  const Cluster& cluster() const { return cluster_; }
+  const Model& model() const { return model_; }
+
+  // ---- compute ----
+  /// Attention over `blocks` on one rank with the heads split `head_split` ways
+  /// (the Ulysses degree; 1 = all heads on this rank).
+  virtual Seconds attention_time_s(std::span<const AttentionBlock> blocks, int head_split,
+                                   Pass pass) const = 0;
+  /// A floor no block shape beats: `pairs` causal pairs at the best efficiency, all
+  /// heads. attention_time_s(blocks, d, p) * d >= attention_pair_floor_s(sum pairs, p).
+  virtual Seconds attention_pair_floor_s(double pairs, Pass pass) const = 0;
+  /// QKV/O projections and MLP over `tokens` tokens; exactly proportional to tokens.
+  virtual Seconds linear_time_s(Tokens tokens, Pass pass) const = 0;
+  /// Fixed cost per rank per micro-batch (FlexSP's b1); 0 in the analytical family.
+  virtual Seconds micro_batch_overhead_s(Pass pass) const;
+
+  // ---- communication (one op per layer, charged for all layers) ----
+  /// One point-to-point transfer of `bytes_per_layer` bytes (alpha-beta over the link
+  /// between the two ranks: NVLink inside a node, the ranks' NICs across nodes).
+  virtual Seconds p2p_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank) const;
+  /// All-to-all inside `ranks`: rank ranks[i] holds bytes_per_rank[i] and sends an equal
+  /// share to every member. Across nodes each GPU uses its own NIC (NICs cannot be
+  /// aggregated) and GPUs sharing a NIC share its bandwidth.
+  virtual Seconds all_to_all_time_s(std::span<const int> ranks,
+                                    std::span<const Bytes> bytes_per_rank) const;
+  /// All-gather inside `ranks` of bytes_per_rank[i] from each member (ring algorithm).
+  virtual Seconds all_gather_time_s(std::span<const int> ranks,
+                                    std::span<const Bytes> bytes_per_rank) const;
+  /// Data-parallel gradient synchronisation over all ranks, once per step.
+  virtual Seconds gradient_sync_time_s() const;
+
+  // ---- memory ----
+  /// Model states (weights, gradients, optimizer) per rank: ZeRO-3 shards them over all ranks.
+  virtual Bytes model_state_bytes_per_rank() const;
+  virtual Bytes activation_bytes_per_token() const;
+  virtual Bytes memory_limit_bytes() const;
+  /// floor((memory_limit - model_states) / activation_bytes_per_token); throws
+  /// InputError naming cluster and model when not even one token fits.
+  Tokens token_capacity_per_rank() const;
+
+ protected:
+  Cluster cluster_;
+  Model model_;
+};
+
+/// Roofline: FLOPs / (peak * efficiency), attention quantised to square tiles of
+/// cluster.attention_tile_tokens (a 16-token document costs one 128x128 tile), links
+/// alpha-beta.
+class AnalyticalCostModel final : public CostModel {
+ public:
+  AnalyticalCostModel(Cluster cluster, Model model);
+  std::string name() const override { return "analytical"; }
+  nlohmann::json spec() const override;
+  Seconds attention_time_s(std::span<const AttentionBlock> blocks, int head_split,
+                           Pass pass) const override;
+  Seconds attention_pair_floor_s(double pairs, Pass pass) const override;
+  Seconds linear_time_s(Tokens tokens, Pass pass) const override;
+};
+
+/// FlexSP's profiled form: per sequence (a1*s^2 + a2*s)/d + b1 per group, all-to-all at
+/// bw[d]; coefficients are whole-model forward+backward in ms and are split 1:2
+/// between the passes. Point-to-point and all-gather fall back to the cluster's links.
+struct ProfiledCoefficients {
+  std::string name;        ///< preset name, e.g. "flexsp-a100"
+  std::string model_name;  ///< the model these coefficients were profiled for
+  double a1_ms_per_token2 = 0;
+  double a2_ms_per_token = 0;
+  double b1_ms = 0;
+  double activation_mib_per_token = 0;
+  double parameters_gi = 0;  ///< parameters in units of 2^30 numel (FlexSP's table)
+  double memory_limit_gib = 0;
+  std::vector<std::pair<int, double>> all_to_all_gb_per_s;  ///< (degree d, bw[d] GB/s)
+  std::string provenance;
+};
+
+class ProfiledCostModel final : public CostModel {
+ public:
+  ProfiledCostModel(Cluster cluster, Model model, ProfiledCoefficients coefficients);
+  std::string name() const override { return coefficients_.name; }
+  nlohmann::json spec() const override;
+  Seconds attention_time_s(std::span<const AttentionBlock> blocks, int head_split,
+                           Pass pass) const override;
+  Seconds attention_pair_floor_s(double pairs, Pass pass) const override;
+  Seconds linear_time_s(Tokens tokens, Pass pass) const override;
+  Seconds micro_batch_overhead_s(Pass pass) const override;
+  Seconds all_to_all_time_s(std::span<const int> ranks,
+                            std::span<const Bytes> bytes_per_rank) const override;
+  Seconds gradient_sync_time_s() const override;
+  Bytes model_state_bytes_per_rank() const override;
+  Bytes activation_bytes_per_token() const override;
+  Bytes memory_limit_bytes() const override;
+  const ProfiledCoefficients& coefficients() const { return coefficients_; }
+
+ private:
+  ProfiledCoefficients coefficients_;
+};
+
+/// "analytical", a profiled preset ("flexsp-a100-192k", "flexsp-a100-384k": one
+/// coefficient set per GPT model, chosen by the model's name), or a JSON file path.
+/// Returns the spec JSON; throws InputError listing the known names.
+nlohmann::json load_cost_model_spec(const std::string& name_or_file);
+std::vector<std::string> cost_model_names();
+/// Builds a cost model from a spec; throws InputError if the spec is malformed or a
+/// profiled spec was made for another model.
+std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Cluster& cluster,
+                                           const Model& model);
+
+}  // namespace ballast

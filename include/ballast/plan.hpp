@@ -1,0 +1,124 @@
+// Plan: the IR every other part reads. For each micro-batch, a set of attention groups;
+// each group has ranks, a scheme and the chunks of its sequences. Serialised as
+// versioned JSON; validate() checks the invariants listed in docs/plan-format.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ballast/cluster.hpp"
+#include "ballast/cost_model.hpp"
+#include "ballast/model.hpp"
+#include "ballast/units.hpp"
+
+namespace ballast {
+
+inline constexpr int kPlanFormatVersion = 1;
+
+/// How a group computes attention for its sequences.
+enum class Scheme {
+  local,       ///< one rank, whole documents, no communication (varlen attention)
+  ring,        ///< ring attention over the group's ranks in order; KV blocks passed around
+  all_gather,  ///< KV all-gathered over the group, then local attention on own queries
+  ulysses,     ///< all-to-all from sequence to head sharding; heads split group-size ways
+};
+std::string to_string(Scheme scheme);
+Scheme parse_scheme(const std::string& text);  ///< throws InputError
+
+/// Tokens [begin_tokens, end_tokens) of a sequence held by `rank` during attention.
+struct Chunk {
+  int rank = 0;
+  Tokens begin_tokens = 0;
+  Tokens end_tokens = 0;
+  Tokens size() const { return end_tokens - begin_tokens; }
+};
+
+/// A sequence's place in one group. Chunks cover [0, padded_length_tokens) exactly
+/// once; padded_length_tokens >= the sequence's length (padding is only allowed for
+/// schemes that need it, e.g. static CP padding to a multiple of 2 * ring size).
+struct SequenceChunks {
+  std::int64_t sequence_id = 0;
+  Tokens padded_length_tokens = 0;
+  std::vector<Chunk> chunks;
+};
+
+struct AttentionGroup {
+  Scheme scheme = Scheme::local;
+  std::vector<int> ranks;  ///< ring order for Scheme::ring
+  std::vector<SequenceChunks> sequences;
+  /// Inter-node transfers of this group are split over this many proxy GPUs per node
+  /// (Zeppelin's routing layer); 1 = each transfer goes through the sender's own NIC.
+  int routing_proxies = 1;
+};
+
+/// Tokens of a sequence held by a rank during the linear modules (Zeppelin's remap).
+struct LinearSlice {
+  int rank = 0;
+  std::int64_t sequence_id = 0;
+  Tokens begin_tokens = 0;
+  Tokens end_tokens = 0;
+};
+
+struct MicroBatch {
+  std::vector<AttentionGroup> groups;
+  /// queues[r] = indices into `groups` in the order rank r runs them. Empty: every rank
+  /// runs the groups it belongs to in index order.
+  std::vector<std::vector<int>> queues;
+  /// Token layout for the linear modules. Empty: the attention chunks (no remap).
+  std::vector<LinearSlice> linear_layout;
+};
+
+/// A complete plan for one global batch, self-contained: it carries the cluster, the
+/// model, the cost model spec and the sequence lengths it was made for.
+struct Plan {
+  int version = kPlanFormatVersion;
+  std::string strategy;
+  Cluster cluster;
+  Model model;
+  nlohmann::json cost_model;  ///< CostModel::spec()
+  std::int64_t step = 0;
+  std::vector<Tokens> sequence_lengths_tokens;  ///< index = sequence id
+  std::vector<MicroBatch> micro_batches;
+};
+
+/// Stable, deterministic JSON (keys in a fixed order, no floats formatted by locale).
+nlohmann::json to_json(const Plan& plan);
+/// Throws InputError naming `source` and the offending field.
+Plan plan_from_json(const nlohmann::json& json, const std::string& source);
+/// The canonical text form: to_json(plan).dump(1) + "\n". Byte-identical for equal plans.
+std::string plan_to_string(const Plan& plan);
+
+/// queues[r] for every rank: the explicit queues, or the default index order.
+std::vector<std::vector<int>> effective_queues(const MicroBatch& micro_batch, int ranks);
+
+/// Peak memory of each rank over the micro-batches: model states + activation bytes per
+/// token * max(attention tokens, linear tokens) + the scheme's transient buffers for one
+/// layer (ring: two KV blocks in flight; all-gather: the whole group's KV; ulysses: the
+/// group's QKV after the all-to-all).
+std::vector<Bytes> peak_memory_bytes_per_rank(const Plan& plan, const CostModel& cost);
+
+struct ValidationResult {
+  bool ok = true;
+  std::string message;  ///< the first violated invariant, in plain words
+};
+
+/// Checks, in this order, and reports the first violation: format version; the plan's
+/// cluster and model match the cost model's; rank indices in range and distinct per
+/// group; every group non-empty with a known scheme (local: one rank; ulysses: size
+/// divides kv_heads); routing_proxies in [1, gpus_per_node]; every sequence appears in
+/// exactly one group of one micro-batch and its chunks cover [0, padded length) exactly
+/// once, with padded length >= length and < length + 2 * group size; every chunk on one
+/// of its group's ranks; queues (if given) list exactly each rank's groups and admit a
+/// deadlock-free order (no cycle between ranks' orders); the linear layout (if given)
+/// covers every sequence's [0, length) exactly once; per-rank peak memory fits the
+/// cost model's memory limit.
+ValidationResult validate(const Plan& plan, const CostModel& cost);
+
+/// validate() and throw InputError("plan <source> is invalid: <message>") on failure.
+void require_valid(const Plan& plan, const CostModel& cost, const std::string& source);
+
+}  // namespace ballast

@@ -1,0 +1,74 @@
+// Simulator: runs a Plan against a CostModel as a discrete-event simulation with one
+// compute stream per rank and one queue per link port, and bounds the step from below.
+#pragma once
+
+#include <iosfwd>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ballast/cost_model.hpp"
+#include "ballast/plan.hpp"
+#include "ballast/units.hpp"
+
+namespace ballast {
+
+/// One interval of the simulated timeline (also the trace schema of the runtime).
+struct TraceEvent {
+  int rank = 0;
+  std::string lane;  ///< "compute", "send", "recv" or "collective"
+  std::string name;  ///< e.g. "attention fwd ring g3 step 2", "all-to-all qkv"
+  int micro_batch = -1;  ///< -1 for per-step work (gradient sync)
+  Seconds start_s = 0;
+  Seconds duration_s = 0;
+};
+
+struct RankTimes {
+  Seconds busy_s = 0;           ///< compute stream busy
+  Seconds communication_s = 0;  ///< union of intervals with a transfer/collective of this rank
+  Seconds exposed_communication_s = 0;  ///< communication not overlapped by own compute
+  Seconds idle_s = 0;           ///< step - busy - exposed communication
+  Bytes peak_memory_bytes = 0;
+};
+
+/// A lower bound on the step time of any plan for a batch on a cluster and cost model.
+struct LowerBound {
+  Seconds time_s = 0;
+  Seconds compute_per_rank_s = 0;  ///< (sum of linear + attention-pair floors) / ranks
+  Seconds overhead_s = 0;          ///< memory-forced micro-batches * per-micro-batch overhead
+  Seconds gradient_sync_s = 0;
+  int min_micro_batches = 1;       ///< ceil(total tokens / (ranks * token capacity))
+  std::string binding;             ///< which term dominates, in words
+};
+
+/// max(compute / ranks, ...) + overheads + gradient sync; no plan beats it.
+LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost);
+
+struct SimulationOptions {
+  bool record_trace = false;
+};
+
+struct SimulationReport {
+  std::string strategy;
+  Seconds step_time_s = 0;
+  LowerBound lower_bound;
+  std::vector<RankTimes> ranks;
+  double imbalance = 1;  ///< max busy / mean busy
+  double exposed_communication_fraction = 0;  ///< sum exposed comm / (ranks * step)
+  Bytes peak_memory_bytes = 0;  ///< max over ranks
+  Seconds gradient_sync_s = 0;
+  int micro_batches = 0;
+  int gpus_per_node = 1;  ///< the plan's cluster, to name trace processes "rank r (node n)"
+  std::vector<TraceEvent> trace;  ///< filled when options.record_trace
+};
+
+/// Validates the plan first (an invalid plan throws InputError and is never simulated).
+/// Deterministic: same plan and cost model, identical report.
+SimulationReport simulate(const Plan& plan, const CostModel& cost,
+                          const SimulationOptions& options = {});
+
+/// Chrome trace-event JSON (open in ui.perfetto.dev): one process per rank, one thread
+/// per lane, times in microseconds.
+void write_chrome_trace(const SimulationReport& report, std::ostream& out);
+
+}  // namespace ballast

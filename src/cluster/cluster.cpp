@@ -1,0 +1,158 @@
+// Cluster validation, JSON round trip and load_cluster (a preset name or a JSON file).
+// The presets themselves live in presets.cpp.
+#include "ballast/cluster.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "ballast/error.hpp"
+#include "ballast/json_file.hpp"
+
+namespace ballast {
+
+namespace {
+
+/// More ranks than this is certainly a typo (and would overflow per-rank tables).
+constexpr int kMaxRanks = 65536;
+
+[[noreturn]] void reject(const std::string& source, const std::string& field,
+                         const std::string& problem) {
+  throw InputError(fmt::format("{}: cluster field '{}' {}", source, field, problem));
+}
+
+void require_positive(double value, const std::string& source, const std::string& field) {
+  if (!(value > 0)) reject(source, field, fmt::format("must be > 0 (got {}); fix it", value));
+}
+
+void require_fraction(double value, const std::string& source, const std::string& field) {
+  if (!(value > 0 && value <= 1)) {
+    reject(source, field, fmt::format("must be in (0, 1] (got {}); fix it", value));
+  }
+}
+
+void require_non_negative(double value, const std::string& source, const std::string& field) {
+  if (!(value >= 0)) reject(source, field, fmt::format("must be >= 0 (got {}); fix it", value));
+}
+
+void validate_topology(const Cluster& cluster, const std::string& source) {
+  if (cluster.nodes < 1) reject(source, "nodes", fmt::format("must be >= 1 (got {})", cluster.nodes));
+  if (cluster.gpus_per_node < 1) {
+    reject(source, "gpus_per_node", fmt::format("must be >= 1 (got {})", cluster.gpus_per_node));
+  }
+  if (cluster.nics_per_node < 1) {
+    reject(source, "nics_per_node", fmt::format("must be >= 1 (got {})", cluster.nics_per_node));
+  }
+  if (cluster.gpus_per_node % cluster.nics_per_node != 0) {
+    reject(source, "nics_per_node",
+           fmt::format("({}) must divide gpus_per_node ({}) so every NIC serves as many GPUs",
+                       cluster.nics_per_node, cluster.gpus_per_node));
+  }
+  if (static_cast<long long>(cluster.nodes) * cluster.gpus_per_node > kMaxRanks) {
+    reject(source, "nodes",
+           fmt::format("x gpus_per_node = {} ranks, more than the {} ballast supports",
+                       static_cast<long long>(cluster.nodes) * cluster.gpus_per_node, kMaxRanks));
+  }
+}
+
+}  // namespace
+
+void validate_cluster(const Cluster& cluster, const std::string& source) {
+  if (cluster.name.empty()) reject(source, "name", "must not be empty");
+  validate_topology(cluster, source);
+  require_positive(static_cast<double>(cluster.gpu_memory_bytes), source, "gpu_memory_bytes");
+  require_positive(cluster.peak_flops_per_s, source, "peak_flops_per_s");
+  require_fraction(cluster.matmul_efficiency, source, "matmul_efficiency");
+  require_fraction(cluster.attention_efficiency, source, "attention_efficiency");
+  if (cluster.attention_tile_tokens < 1) {
+    reject(source, "attention_tile_tokens",
+           fmt::format("must be >= 1 (got {})", cluster.attention_tile_tokens));
+  }
+  require_fraction(cluster.memory_usable_fraction, source, "memory_usable_fraction");
+  require_positive(cluster.intra_node_bus_bw_bytes_per_s, source, "intra_node_bus_bw_bytes_per_s");
+  require_positive(cluster.intra_node_p2p_bw_bytes_per_s, source, "intra_node_p2p_bw_bytes_per_s");
+  require_non_negative(cluster.intra_node_latency_s, source, "intra_node_latency_s");
+  require_positive(cluster.nic_bw_bytes_per_s, source, "nic_bw_bytes_per_s");
+  require_non_negative(cluster.inter_node_latency_s, source, "inter_node_latency_s");
+}
+
+nlohmann::json to_json(const Cluster& cluster) {
+  nlohmann::json json;
+  json["name"] = cluster.name;
+  json["gpu_name"] = cluster.gpu_name;
+  json["nodes"] = cluster.nodes;
+  json["gpus_per_node"] = cluster.gpus_per_node;
+  json["gpu_memory_bytes"] = cluster.gpu_memory_bytes;
+  json["peak_flops_per_s"] = cluster.peak_flops_per_s;
+  json["matmul_efficiency"] = cluster.matmul_efficiency;
+  json["attention_efficiency"] = cluster.attention_efficiency;
+  json["attention_tile_tokens"] = cluster.attention_tile_tokens;
+  json["memory_usable_fraction"] = cluster.memory_usable_fraction;
+  json["intra_node_bus_bw_bytes_per_s"] = cluster.intra_node_bus_bw_bytes_per_s;
+  json["intra_node_p2p_bw_bytes_per_s"] = cluster.intra_node_p2p_bw_bytes_per_s;
+  json["intra_node_latency_s"] = cluster.intra_node_latency_s;
+  json["nics_per_node"] = cluster.nics_per_node;
+  json["nic_bw_bytes_per_s"] = cluster.nic_bw_bytes_per_s;
+  json["inter_node_latency_s"] = cluster.inter_node_latency_s;
+  json["provenance"] = cluster.provenance;
+  return json;
+}
+
+Cluster cluster_from_json(const nlohmann::json& json, const std::string& source) {
+  if (!json.is_object()) {
+    throw InputError(fmt::format("{}: a cluster must be a JSON object; see "
+                                 "data/presets/example-cluster.json", source));
+  }
+  Cluster cluster;
+  cluster.name = required_field<std::string>(json, "name", source);
+  cluster.gpu_name = required_field<std::string>(json, "gpu_name", source);
+  cluster.nodes = required_field<int>(json, "nodes", source);
+  cluster.gpus_per_node = required_field<int>(json, "gpus_per_node", source);
+  cluster.gpu_memory_bytes = required_field<Bytes>(json, "gpu_memory_bytes", source);
+  cluster.peak_flops_per_s = required_field<double>(json, "peak_flops_per_s", source);
+  cluster.matmul_efficiency = required_field<double>(json, "matmul_efficiency", source);
+  cluster.attention_efficiency = required_field<double>(json, "attention_efficiency", source);
+  cluster.attention_tile_tokens = required_field<Tokens>(json, "attention_tile_tokens", source);
+  cluster.memory_usable_fraction = required_field<double>(json, "memory_usable_fraction", source);
+  cluster.intra_node_bus_bw_bytes_per_s =
+      required_field<double>(json, "intra_node_bus_bw_bytes_per_s", source);
+  cluster.intra_node_p2p_bw_bytes_per_s =
+      required_field<double>(json, "intra_node_p2p_bw_bytes_per_s", source);
+  cluster.intra_node_latency_s = required_field<double>(json, "intra_node_latency_s", source);
+  cluster.nics_per_node = required_field<int>(json, "nics_per_node", source);
+  cluster.nic_bw_bytes_per_s = required_field<double>(json, "nic_bw_bytes_per_s", source);
+  cluster.inter_node_latency_s = required_field<double>(json, "inter_node_latency_s", source);
+  cluster.provenance = optional_field<std::string>(json, "provenance", "", source);
+  validate_cluster(cluster, source);
+  return cluster;
+}
+
+Cluster load_cluster(const std::string& preset_or_file, std::optional<int> nodes) {
+  Cluster cluster;
+  std::string source = preset_or_file;
+  const auto presets = cluster_preset_names();
+  if (std::find(presets.begin(), presets.end(), preset_or_file) != presets.end()) {
+    cluster = cluster_preset(preset_or_file);
+    source = "cluster preset '" + preset_or_file + "'";
+  } else if (std::filesystem::is_regular_file(preset_or_file)) {
+    cluster = cluster_from_json(read_json_file(preset_or_file), preset_or_file);
+  } else {
+    throw InputError(fmt::format(
+        "unknown cluster '{}': not a preset ({}) and not a JSON file; pick a preset or give "
+        "the path of a cluster JSON file",
+        preset_or_file, fmt::join(presets, ", ")));
+  }
+  if (nodes) {
+    if (*nodes < 1) {
+      throw InputError(fmt::format("--nodes must be >= 1 (got {})", *nodes));
+    }
+    cluster.nodes = *nodes;
+  }
+  validate_cluster(cluster, source);
+  return cluster;
+}
+
+}  // namespace ballast

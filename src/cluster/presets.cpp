@@ -1,0 +1,131 @@
+// Cluster presets: the clusters of FlexSP and Zeppelin and DGX H100/H200 nodes, every
+// constant with its source (SYSTEMS.md section 5, the papers, data/profiles).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ballast/cluster.hpp"
+#include "ballast/error.hpp"
+
+namespace ballast {
+
+namespace {
+
+constexpr double kGBPerS = 1e9;    // link bandwidths are decimal GB/s, as NCCL reports them
+constexpr double kTFlops = 1e12;
+constexpr double kMicrosecond = 1e-6;
+
+/// Fields shared by every preset; each preset overrides the hardware-specific ones.
+Cluster common_cluster() {
+  Cluster cluster;
+  cluster.nodes = 8;  // FlexSP and Zeppelin both evaluate 8 nodes x 8 GPUs (64 GPUs)
+  cluster.gpus_per_node = 8;
+  // Estimate: achieved / peak throughput of large BF16 GEMMs (ballast's choice).
+  cluster.matmul_efficiency = 0.7;
+  // data/profiles/h100_attention_latency_by_seqlen.csv: documents of 16..128 tokens cost
+  // the same (0.011-0.013 ms), so kernels work in 128x128 tiles.
+  cluster.attention_tile_tokens = 128;
+  // Estimate: keep 10% for the framework, NCCL buffers and fragmentation.
+  cluster.memory_usable_fraction = 0.9;
+  // SYSTEMS.md section 5: ~10-30 us per intra-node collective, ~20-50 us inter-node.
+  cluster.intra_node_latency_s = 10 * kMicrosecond;
+  cluster.inter_node_latency_s = 30 * kMicrosecond;
+  return cluster;
+}
+
+Cluster a100_ib400() {
+  Cluster cluster = common_cluster();
+  cluster.name = "a100-ib400";
+  cluster.gpu_name = "A100-SXM4-40GB";
+  cluster.gpu_memory_bytes = static_cast<Bytes>(40 * kGiB);  // SYSTEMS.md 5: A100 40 GB
+  cluster.peak_flops_per_s = 312 * kTFlops;                   // SYSTEMS.md 5: dense BF16
+  // FlashAttention-2 (Dao 2023): 50-73% of peak on A100.
+  cluster.attention_efficiency = 0.6;
+  cluster.memory_usable_fraction = 30.0 / 40.0;  // FlexSP's 30 GB memory limit (SYSTEMS.md 2)
+  cluster.intra_node_bus_bw_bytes_per_s = 230 * kGBPerS;  // estimate: NVLink3 ring busbw
+  cluster.intra_node_p2p_bw_bytes_per_s = 150 * kGBPerS;  // estimate: NVLink3 send/recv
+  cluster.nics_per_node = 1;
+  cluster.nic_bw_bytes_per_s = 46 * kGBPerS;  // SYSTEMS.md 5: NDR 400 Gb/s achieves 46-49 GB/s
+  cluster.provenance =
+      "FlexSP (ASPLOS'25) cluster, SYSTEMS.md sections 2 and 5: 8 nodes x 8 A100-40GB, "
+      "312 TFLOP/s BF16; attention efficiency 0.6 from FlashAttention-2 (50-73% of peak on "
+      "A100); memory limit 30 of 40 GB as in FlexSP. One 400 Gb/s NIC per node shared by "
+      "its 8 GPUs (ballast's choice: it reproduces FlexSP's profiled all-to-all cliff, "
+      "bw[16] = 10.33 GB/s per device; 46 GB/s / 4 = 11.5 GB/s), 46 GB/s achieved (NDR "
+      "400 Gb/s achieves 46-49 GB/s). NVLink3 bus bandwidth 230 GB/s and P2P 150 GB/s are "
+      "estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5 ranges).";
+  return cluster;
+}
+
+Cluster a800_roce() {
+  Cluster cluster = common_cluster();
+  cluster.name = "a800-roce";
+  cluster.gpu_name = "A800-SXM4-80GB";
+  cluster.gpu_memory_bytes = static_cast<Bytes>(80 * kGiB);  // SYSTEMS.md 5: 80 GB
+  cluster.peak_flops_per_s = 312 * kTFlops;                   // SYSTEMS.md 5: dense BF16
+  cluster.attention_efficiency = 0.6;  // FlashAttention-2 (Dao 2023): 50-73% of A100 peak
+  // Estimate: A800 NVLink is 400 GB/s total (2/3 of A100's 600 GB/s); 160 GB/s ring
+  // busbw and 100 GB/s send/recv scale the A100 estimates by about 2/3.
+  cluster.intra_node_bus_bw_bytes_per_s = 160 * kGBPerS;
+  cluster.intra_node_p2p_bw_bytes_per_s = 100 * kGBPerS;
+  cluster.nics_per_node = 4;                  // Zeppelin cluster A: 4 x 200 Gb/s RoCE
+  cluster.nic_bw_bytes_per_s = 24 * kGBPerS;  // SYSTEMS.md 5: 200 Gb/s achieves ~24 GB/s
+  cluster.provenance =
+      "Zeppelin (EuroSys'26) cluster A, SYSTEMS.md sections 3 and 5: 8 nodes x 8 "
+      "A800-80GB, 312 TFLOP/s BF16, 4 x 200 Gb/s RoCE NICs per node (2 GPUs per NIC), "
+      "~24 GB/s achieved each; attention efficiency 0.6 from FlashAttention-2 (50-73% of "
+      "peak on A100). NVLink (400 GB/s total on A800) bus bandwidth 160 GB/s and P2P "
+      "100 GB/s are estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5).";
+  return cluster;
+}
+
+Cluster h100() {
+  Cluster cluster = common_cluster();
+  cluster.name = "h100";
+  cluster.gpu_name = "H100-SXM-80GB";
+  cluster.gpu_memory_bytes = static_cast<Bytes>(80 * kGiB);  // SYSTEMS.md 5: 80 GB HBM
+  cluster.peak_flops_per_s = 989 * kTFlops;                   // SYSTEMS.md 5: dense BF16
+  // SYSTEMS.md 5: FlashAttention-3 causal ~680 TFLOP/s forward at 32K.
+  cluster.attention_efficiency = 680.0 / 989.0;
+  cluster.intra_node_bus_bw_bytes_per_s = 370 * kGBPerS;  // SYSTEMS.md 5: ~370 GB/s busbw
+  // SYSTEMS.md 5: NCCL send/recv 80-180 GB/s between two GPUs; 150 is an estimate.
+  cluster.intra_node_p2p_bw_bytes_per_s = 150 * kGBPerS;
+  cluster.nics_per_node = 8;                  // SYSTEMS.md 5: DGX H100, one NIC per GPU
+  cluster.nic_bw_bytes_per_s = 47 * kGBPerS;  // SYSTEMS.md 5: NDR 400 Gb/s, 46-49 GB/s
+  cluster.provenance =
+      "DGX H100, SYSTEMS.md section 5: 8 nodes x 8 H100-SXM-80GB, 989 TFLOP/s BF16, "
+      "attention efficiency 680/989 (FlashAttention-3 causal forward at 32K), NVLink "
+      "busbw ~370 GB/s, P2P 150 GB/s (estimate within NCCL's 80-180 GB/s), 8 x 400 Gb/s "
+      "NICs per node (one per GPU) achieving ~47 GB/s. Latency 10 us intra / 30 us inter.";
+  return cluster;
+}
+
+Cluster h200() {
+  Cluster cluster = h100();
+  cluster.name = "h200";
+  cluster.gpu_name = "H200-SXM-141GB";
+  cluster.gpu_memory_bytes = static_cast<Bytes>(141 * kGiB);  // SYSTEMS.md 5: 141 GB HBM
+  // data/profiles/h200_8gpu_nccl_tests.csv: all_gather on 8 GPUs, busbw 367 GB/s at 8 GiB.
+  cluster.intra_node_bus_bw_bytes_per_s = 367 * kGBPerS;
+  cluster.provenance =
+      "DGX H200 (Zeppelin cluster C), SYSTEMS.md sections 3 and 5: as h100 with 141 GB "
+      "HBM; NVLink busbw 367 GB/s from data/profiles/h200_8gpu_nccl_tests.csv (8-GPU "
+      "all_gather at 8 GiB); 8 x 400 Gb/s ConnectX-7 NICs per node (~47 GB/s each).";
+  return cluster;
+}
+
+}  // namespace
+
+std::vector<std::string> cluster_preset_names() {
+  return {"a100-ib400", "a800-roce", "h100", "h200"};
+}
+
+Cluster cluster_preset(const std::string& name) {
+  if (name == "a100-ib400") return a100_ib400();
+  if (name == "a800-roce") return a800_roce();
+  if (name == "h100") return h100();
+  if (name == "h200") return h200();
+  throw InputError(fmt::format("unknown cluster preset '{}'; known presets: {}", name,
+                               fmt::join(cluster_preset_names(), ", ")));
+}
+
+}  // namespace ballast

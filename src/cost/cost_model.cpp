@@ -1,0 +1,162 @@
+// CostModel base: causal pair counting, the alpha-beta link model shared by both
+// families (point-to-point, all-to-all, all-gather, gradient sync) and memory per rank.
+#include "ballast/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "ballast/error.hpp"
+
+namespace ballast {
+
+namespace {
+
+/// Sum of the integers first..last (inclusive); 0 when last < first.
+Tokens arithmetic_sum(Tokens first, Tokens last) {
+  if (last < first) return 0;
+  return (first + last) * (last - first + 1) / 2;
+}
+
+}  // namespace
+
+Tokens causal_pairs(const AttentionBlock& block) {
+  // Query q sees keys k in [kv_begin, kv_end) with k <= q: min(q - kv_begin + 1, kv size)
+  // clamped at 0. Split the query range where that count grows and where it saturates.
+  const Tokens kv_size = block.kv_end - block.kv_begin;
+  if (kv_size <= 0 || block.q_end <= block.q_begin) return 0;
+  const Tokens growing_begin = std::max(block.q_begin, block.kv_begin);
+  const Tokens growing_end = std::min(block.q_end, block.kv_end);  // exclusive
+  Tokens pairs = 0;
+  if (growing_end > growing_begin) {
+    pairs += arithmetic_sum(growing_begin - block.kv_begin + 1, growing_end - block.kv_begin);
+  }
+  const Tokens saturated_begin = std::max(block.q_begin, block.kv_end);
+  if (block.q_end > saturated_begin) pairs += (block.q_end - saturated_begin) * kv_size;
+  return pairs;
+}
+
+CostModel::CostModel(Cluster cluster, Model model)
+    : cluster_(std::move(cluster)), model_(std::move(model)) {}
+
+Seconds CostModel::micro_batch_overhead_s(Pass /*pass*/) const { return 0.0; }
+
+Seconds CostModel::p2p_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank) const {
+  if (src_rank == dst_rank || bytes_per_layer <= 0) return 0.0;
+  const bool intra = cluster_.same_node(src_rank, dst_rank);
+  const double latency_s = intra ? cluster_.intra_node_latency_s : cluster_.inter_node_latency_s;
+  const double bw = intra ? cluster_.intra_node_p2p_bw_bytes_per_s : cluster_.nic_bw_bytes_per_s;
+  return model_.layers * (latency_s + static_cast<double>(bytes_per_layer) / bw);
+}
+
+Seconds CostModel::all_to_all_time_s(std::span<const int> ranks,
+                                     std::span<const Bytes> bytes_per_rank) const {
+  BALLAST_CHECK(ranks.size() == bytes_per_rank.size(), "one byte count per rank");
+  const auto group_size = static_cast<double>(ranks.size());
+  if (ranks.size() <= 1) return 0.0;
+  std::map<int, int> members_per_node;
+  for (int rank : ranks) ++members_per_node[cluster_.node_of(rank)];
+  // Each member sends bytes/d to every member; the part for other nodes leaves through
+  // its own NIC (NICs are not aggregated), shared with the GPUs mapped to that NIC.
+  double max_intra_bytes = 0;
+  std::map<int, double> nic_bytes;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const double share = static_cast<double>(bytes_per_rank[i]) / group_size;
+    const int same_node_peers = members_per_node[cluster_.node_of(ranks[i])] - 1;
+    const double remote_peers = group_size - 1 - same_node_peers;
+    max_intra_bytes = std::max(max_intra_bytes, share * same_node_peers);
+    nic_bytes[cluster_.nic_of(ranks[i])] += share * remote_peers;
+  }
+  double max_nic_bytes = 0;
+  for (const auto& [nic, bytes] : nic_bytes) max_nic_bytes = std::max(max_nic_bytes, bytes);
+  const bool spans_nodes = members_per_node.size() > 1;
+  const double latency_s =
+      spans_nodes ? cluster_.inter_node_latency_s : cluster_.intra_node_latency_s;
+  const double transfer_s = std::max(max_intra_bytes / cluster_.intra_node_bus_bw_bytes_per_s,
+                                     max_nic_bytes / cluster_.nic_bw_bytes_per_s);
+  return model_.layers * (latency_s + transfer_s);
+}
+
+Seconds CostModel::all_gather_time_s(std::span<const int> ranks,
+                                     std::span<const Bytes> bytes_per_rank) const {
+  BALLAST_CHECK(ranks.size() == bytes_per_rank.size(), "one byte count per rank");
+  if (ranks.size() <= 1) return 0.0;
+  double total_bytes = 0;
+  double min_own_bytes = INFINITY;
+  std::map<int, double> node_bytes;
+  std::map<int, std::set<int>> node_nics;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto bytes = static_cast<double>(bytes_per_rank[i]);
+    total_bytes += bytes;
+    min_own_bytes = std::min(min_own_bytes, bytes);
+    node_bytes[cluster_.node_of(ranks[i])] += bytes;
+    node_nics[cluster_.node_of(ranks[i])].insert(cluster_.nic_of(ranks[i]));
+  }
+  // Ring all-gather: every member receives everything it does not hold; each node
+  // receives the other nodes' bytes through the NICs its members use.
+  double transfer_s = (total_bytes - min_own_bytes) / cluster_.intra_node_bus_bw_bytes_per_s;
+  for (const auto& [node, bytes] : node_bytes) {
+    if (node_bytes.size() == 1) break;
+    const double nics = static_cast<double>(node_nics[node].size());
+    transfer_s = std::max(transfer_s, (total_bytes - bytes) / (nics * cluster_.nic_bw_bytes_per_s));
+  }
+  const double latency_s = node_bytes.size() > 1 ? cluster_.inter_node_latency_s
+                                                 : cluster_.intra_node_latency_s;
+  const double steps = static_cast<double>(ranks.size() - 1);
+  return model_.layers * (steps * latency_s + transfer_s);
+}
+
+Seconds CostModel::gradient_sync_time_s() const {
+  // All-reduce of bf16 gradients (ZeRO-3: reduce-scatter + all-gather, same volume):
+  // 2 (N-1)/N of the gradient bytes per rank. Across nodes NCCL's busbw per GPU is its
+  // NIC share; inside a node the NVLink bus bandwidth. Latency: a tree, 2 log2(N) hops.
+  const int ranks = cluster_.ranks();
+  if (ranks <= 1) return 0.0;
+  const double gradient_bytes = model_.parameters * model_.bytes_per_element;
+  const double volume_bytes = 2.0 * (ranks - 1) / ranks * gradient_bytes;
+  const bool multi_node = cluster_.nodes > 1;
+  const double bw = multi_node
+                        ? std::min(cluster_.intra_node_bus_bw_bytes_per_s,
+                                   cluster_.nic_bw_bytes_per_s / cluster_.gpus_per_nic())
+                        : cluster_.intra_node_bus_bw_bytes_per_s;
+  const double latency_s = multi_node ? cluster_.inter_node_latency_s : cluster_.intra_node_latency_s;
+  return volume_bytes / bw + 2.0 * std::ceil(std::log2(ranks)) * latency_s;
+}
+
+Bytes CostModel::model_state_bytes_per_rank() const {
+  // ZeRO-3 with mixed-precision Adam: 2 (bf16 weights) + 2 (bf16 grads) + 12 (fp32
+  // master weights, Adam m and v) = 16 bytes per parameter, sharded over all ranks
+  // (Rajbhandari et al., "ZeRO", SC'20, section 3).
+  constexpr double kModelStateBytesPerParameter = 16.0;
+  return static_cast<Bytes>(
+      std::ceil(model_.parameters * kModelStateBytesPerParameter / cluster_.ranks()));
+}
+
+Bytes CostModel::activation_bytes_per_token() const {
+  return static_cast<Bytes>(std::ceil(model_.activation_bytes_per_token));
+}
+
+Bytes CostModel::memory_limit_bytes() const {
+  return static_cast<Bytes>(static_cast<double>(cluster_.gpu_memory_bytes) *
+                            cluster_.memory_usable_fraction);
+}
+
+Tokens CostModel::token_capacity_per_rank() const {
+  const Bytes free_bytes = memory_limit_bytes() - model_state_bytes_per_rank();
+  const Bytes per_token = activation_bytes_per_token();
+  BALLAST_CHECK(per_token > 0, "activation bytes per token must be positive");
+  if (free_bytes < per_token) {
+    throw InputError(fmt::format(
+        "model '{}' does not fit on cluster '{}': model states take {:.1f} GiB per GPU of a "
+        "{:.1f} GiB limit, leaving no room for activations; use more nodes (--nodes) or a "
+        "cluster with more memory",
+        model_.name, cluster_.name, model_state_bytes_per_rank() / kGiB,
+        memory_limit_bytes() / kGiB));
+  }
+  return free_bytes / per_token;
+}
+
+}  // namespace ballast

@@ -1,0 +1,130 @@
+// Per-rank peak memory of a plan (docs/plan-format.md, "Memory"): model states +
+// activations of the rank's tokens + the largest one-layer attention buffer.
+#include <algorithm>
+#include <utility>
+
+#include "ballast/plan.hpp"
+#include "plan_internal.hpp"
+
+namespace ballast {
+namespace plan_detail {
+namespace {
+
+bool in_range(int rank, int ranks) { return rank >= 0 && rank < ranks; }
+
+/// Tokens each member holds in a group, as (rank, tokens) sorted by rank.
+std::vector<std::pair<int, Tokens>> tokens_per_member(const AttentionGroup& group) {
+  std::vector<std::pair<int, Tokens>> held;
+  for (const auto& sequence : group.sequences) {
+    for (const auto& chunk : sequence.chunks) held.emplace_back(chunk.rank, chunk.size());
+  }
+  std::sort(held.begin(), held.end());
+  std::vector<std::pair<int, Tokens>> summed;
+  for (const auto& [rank, tokens] : held) {
+    if (!summed.empty() && summed.back().first == rank) {
+      summed.back().second += tokens;
+    } else {
+      summed.emplace_back(rank, tokens);
+    }
+  }
+  return summed;
+}
+
+Tokens ceil_div(Tokens numerator, Tokens denominator) {
+  return (numerator + denominator - 1) / denominator;
+}
+
+/// One layer's attention buffer on each member of the group.
+Bytes group_transient_bytes(const AttentionGroup& group, const Model& model) {
+  if (group.scheme == Scheme::local || group.ranks.empty()) return 0;
+  const auto held = tokens_per_member(group);
+  Tokens group_tokens = 0;
+  Tokens largest_member_tokens = 0;
+  for (const auto& [rank, tokens] : held) {
+    group_tokens += tokens;
+    largest_member_tokens = std::max(largest_member_tokens, tokens);
+  }
+  switch (group.scheme) {
+    case Scheme::ring:  // the KV block in use plus the one in flight
+      return 2 * model.kv_bytes_per_token() * largest_member_tokens;
+    case Scheme::all_gather:  // the whole group's KV
+      return model.kv_bytes_per_token() * group_tokens;
+    case Scheme::ulysses: {  // the full sequence's QKV for this rank's heads
+      const auto size = static_cast<Tokens>(group.ranks.size());
+      return model.qkv_bytes_per_token() * ceil_div(group_tokens, size);
+    }
+    case Scheme::local:
+      break;
+  }
+  return 0;
+}
+
+struct MicroBatchUsage {
+  std::vector<Tokens> attention_tokens;
+  std::vector<Tokens> linear_tokens;
+  std::vector<Bytes> transient_bytes;
+};
+
+MicroBatchUsage micro_batch_usage(const MicroBatch& micro_batch, const Model& model, int ranks) {
+  const auto count = static_cast<std::size_t>(ranks);
+  MicroBatchUsage usage{std::vector<Tokens>(count, 0), std::vector<Tokens>(count, 0),
+                        std::vector<Bytes>(count, 0)};
+  for (const auto& group : micro_batch.groups) {
+    for (const auto& sequence : group.sequences) {
+      for (const auto& chunk : sequence.chunks) {
+        if (in_range(chunk.rank, ranks)) usage.attention_tokens[chunk.rank] += chunk.size();
+      }
+    }
+    const Bytes transient = group_transient_bytes(group, model);
+    for (int rank : group.ranks) {
+      if (in_range(rank, ranks)) {
+        usage.transient_bytes[rank] = std::max(usage.transient_bytes[rank], transient);
+      }
+    }
+  }
+  if (micro_batch.linear_layout.empty()) {
+    usage.linear_tokens = usage.attention_tokens;
+  } else {
+    for (const auto& slice : micro_batch.linear_layout) {
+      if (in_range(slice.rank, ranks)) {
+        usage.linear_tokens[slice.rank] += slice.end_tokens - slice.begin_tokens;
+      }
+    }
+  }
+  return usage;
+}
+
+}  // namespace
+
+std::vector<RankPeak> rank_peaks(const Plan& plan, const CostModel& cost) {
+  const int ranks = plan.cluster.ranks();
+  const Bytes model_states = cost.model_state_bytes_per_rank();
+  const Bytes per_token = cost.activation_bytes_per_token();
+  std::vector<RankPeak> peaks(static_cast<std::size_t>(std::max(ranks, 0)));
+  for (auto& peak : peaks) peak.peak_bytes = model_states;
+  for (std::size_t index = 0; index < plan.micro_batches.size(); ++index) {
+    const auto usage = micro_batch_usage(plan.micro_batches[index], cost.model(), ranks);
+    for (std::size_t rank = 0; rank < peaks.size(); ++rank) {
+      const Tokens tokens = std::max(usage.attention_tokens[rank], usage.linear_tokens[rank]);
+      const Bytes transient = usage.transient_bytes[rank];
+      if (tokens == 0 && transient == 0) continue;
+      const Bytes bytes = model_states + per_token * tokens + transient;
+      auto& peak = peaks[rank];
+      if (peak.micro_batch >= 0 && bytes <= peak.peak_bytes) continue;
+      peak = RankPeak{bytes, static_cast<int>(index), tokens, transient};
+    }
+  }
+  return peaks;
+}
+
+}  // namespace plan_detail
+
+std::vector<Bytes> peak_memory_bytes_per_rank(const Plan& plan, const CostModel& cost) {
+  const auto peaks = plan_detail::rank_peaks(plan, cost);
+  std::vector<Bytes> bytes;
+  bytes.reserve(peaks.size());
+  for (const auto& peak : peaks) bytes.push_back(peak.peak_bytes);
+  return bytes;
+}
+
+}  // namespace ballast

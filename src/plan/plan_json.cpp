@@ -1,0 +1,340 @@
+// Plan <-> JSON: the versioned file format of docs/plan-format.md, with errors naming the
+// source and the JSON path of the offending field; Scheme names.
+#include <array>
+#include <limits>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "ballast/error.hpp"
+#include "ballast/plan.hpp"
+
+namespace ballast {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kPlanFormatName = "ballast.plan";
+
+constexpr std::array<std::pair<Scheme, const char*>, 4> kSchemeNames{{
+    {Scheme::local, "local"},
+    {Scheme::ring, "ring"},
+    {Scheme::all_gather, "all_gather"},
+    {Scheme::ulysses, "ulysses"},
+}};
+
+// ---------------------------------------------------------------- writing
+
+json chunk_to_json(const Chunk& chunk) {
+  return json::array({chunk.rank, chunk.begin_tokens, chunk.end_tokens});
+}
+
+json sequence_to_json(const SequenceChunks& sequence) {
+  json chunks = json::array();
+  for (const auto& chunk : sequence.chunks) chunks.push_back(chunk_to_json(chunk));
+  return json{{"id", sequence.sequence_id},
+              {"padded_length_tokens", sequence.padded_length_tokens},
+              {"chunks", std::move(chunks)}};
+}
+
+json group_to_json(const AttentionGroup& group) {
+  json sequences = json::array();
+  for (const auto& sequence : group.sequences) sequences.push_back(sequence_to_json(sequence));
+  return json{{"scheme", to_string(group.scheme)},
+              {"ranks", group.ranks},
+              {"routing_proxies", group.routing_proxies},
+              {"sequences", std::move(sequences)}};
+}
+
+json micro_batch_to_json(const MicroBatch& micro_batch) {
+  json groups = json::array();
+  for (const auto& group : micro_batch.groups) groups.push_back(group_to_json(group));
+  json out{{"groups", std::move(groups)}};
+  if (!micro_batch.queues.empty()) out["queues"] = micro_batch.queues;
+  if (!micro_batch.linear_layout.empty()) {
+    json layout = json::array();
+    for (const auto& slice : micro_batch.linear_layout) {
+      layout.push_back(
+          json::array({slice.rank, slice.sequence_id, slice.begin_tokens, slice.end_tokens}));
+    }
+    out["linear_layout"] = std::move(layout);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- reading
+
+/// A JSON path built on the stack while reading and rendered only for an error message
+/// (a plan holds millions of values; formatting every path up front would dominate).
+struct JsonPath {
+  const JsonPath* parent = nullptr;
+  const char* key = nullptr;  ///< member name; nullptr for the root or an array element
+  std::size_t index = 0;      ///< array index when key == nullptr and parent != nullptr
+
+  JsonPath member(const char* name) const { return JsonPath{this, name, 0}; }
+  JsonPath element(std::size_t i) const { return JsonPath{this, nullptr, i}; }
+
+  std::string str() const {
+    if (parent == nullptr) return "";
+    const std::string head = parent->str();
+    if (key == nullptr) return fmt::format("{}[{}]", head, index);
+    return head.empty() ? std::string(key) : head + "." + key;
+  }
+};
+
+/// A short rendering of a JSON value for error messages.
+std::string describe(const json& value) {
+  std::string text = value.dump();
+  constexpr std::size_t kMaxChars = 40;  // keeps the message on one readable line
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
+  return fmt::format("{} {}", value.type_name(), text);
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const JsonPath& path, const std::string& what) const {
+    const std::string where = path.str();
+    if (where.empty()) throw InputError(fmt::format("{}: {}", source_, what));
+    throw InputError(fmt::format("{}: {}: {}", source_, where, what));
+  }
+
+  const json& member(const json& object, const JsonPath& path, const char* key) const {
+    if (!object.is_object()) fail(path, "expected a JSON object, got " + describe(object));
+    auto it = object.find(key);
+    if (it == object.end()) {
+      fail(path.member(key), "missing; add this field (see docs/plan-format.md)");
+    }
+    return *it;
+  }
+
+  const json* optional_member(const json& object, const char* key) const {
+    auto it = object.find(key);
+    return it == object.end() ? nullptr : &*it;
+  }
+
+  const json& array(const json& value, const JsonPath& path) const {
+    if (!value.is_array()) fail(path, "expected an array, got " + describe(value));
+    return value;
+  }
+
+  std::int64_t integer(const json& value, const JsonPath& path) const {
+    if (value.is_number_unsigned() &&
+        value.get<std::uint64_t>() >
+            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      fail(path, "integer out of range: " + value.dump());
+    }
+    if (!value.is_number_integer()) fail(path, "expected an integer, got " + describe(value));
+    return value.get<std::int64_t>();
+  }
+
+  int small_integer(const json& value, const JsonPath& path) const {
+    const std::int64_t number = integer(value, path);
+    if (number < std::numeric_limits<int>::min() || number > std::numeric_limits<int>::max()) {
+      fail(path, fmt::format("integer {} does not fit in 32 bits", number));
+    }
+    return static_cast<int>(number);
+  }
+
+  std::string string(const json& value, const JsonPath& path) const {
+    if (!value.is_string()) fail(path, "expected a string, got " + describe(value));
+    return value.get<std::string>();
+  }
+
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+};
+
+Chunk chunk_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  if (!value.is_array() || value.size() != 3) {
+    reader.fail(path, "expected [rank, begin, end], got " + describe(value));
+  }
+  return Chunk{reader.small_integer(value[0], path.element(0)),
+               reader.integer(value[1], path.element(1)),
+               reader.integer(value[2], path.element(2))};
+}
+
+LinearSlice slice_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  if (!value.is_array() || value.size() != 4) {
+    reader.fail(path, "expected [rank, sequence_id, begin, end], got " + describe(value));
+  }
+  return LinearSlice{
+      reader.small_integer(value[0], path.element(0)), reader.integer(value[1], path.element(1)),
+      reader.integer(value[2], path.element(2)), reader.integer(value[3], path.element(3))};
+}
+
+SequenceChunks sequence_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  SequenceChunks sequence;
+  sequence.sequence_id = reader.integer(reader.member(value, path, "id"), path.member("id"));
+  const JsonPath padded_path = path.member("padded_length_tokens");
+  sequence.padded_length_tokens =
+      reader.integer(reader.member(value, path, "padded_length_tokens"), padded_path);
+  const JsonPath chunks_path = path.member("chunks");
+  const json& chunks = reader.array(reader.member(value, path, "chunks"), chunks_path);
+  sequence.chunks.reserve(chunks.size());
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    sequence.chunks.push_back(chunk_from_json(reader, chunks[i], chunks_path.element(i)));
+  }
+  return sequence;
+}
+
+std::vector<int> rank_list_from_json(const Reader& reader, const json& value,
+                                     const JsonPath& path) {
+  reader.array(value, path);
+  std::vector<int> ranks;
+  ranks.reserve(value.size());
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    ranks.push_back(reader.small_integer(value[i], path.element(i)));
+  }
+  return ranks;
+}
+
+Scheme scheme_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  const std::string text = reader.string(value, path);
+  try {
+    return parse_scheme(text);
+  } catch (const InputError& error) {
+    reader.fail(path, error.what());
+  }
+}
+
+AttentionGroup group_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  AttentionGroup group;
+  group.scheme =
+      scheme_from_json(reader, reader.member(value, path, "scheme"), path.member("scheme"));
+  group.ranks =
+      rank_list_from_json(reader, reader.member(value, path, "ranks"), path.member("ranks"));
+  group.routing_proxies = reader.small_integer(reader.member(value, path, "routing_proxies"),
+                                               path.member("routing_proxies"));
+  const JsonPath sequences_path = path.member("sequences");
+  const json& sequences = reader.array(reader.member(value, path, "sequences"), sequences_path);
+  group.sequences.reserve(sequences.size());
+  for (std::size_t i = 0; i < sequences.size(); ++i) {
+    group.sequences.push_back(sequence_from_json(reader, sequences[i], sequences_path.element(i)));
+  }
+  return group;
+}
+
+std::vector<std::vector<int>> queues_from_json(const Reader& reader, const json& value,
+                                               const JsonPath& path) {
+  reader.array(value, path);
+  std::vector<std::vector<int>> queues;
+  queues.reserve(value.size());
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    queues.push_back(rank_list_from_json(reader, value[i], path.element(i)));
+  }
+  return queues;
+}
+
+MicroBatch micro_batch_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  MicroBatch micro_batch;
+  const JsonPath groups_path = path.member("groups");
+  const json& groups = reader.array(reader.member(value, path, "groups"), groups_path);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    micro_batch.groups.push_back(group_from_json(reader, groups[i], groups_path.element(i)));
+  }
+  if (const json* queues = reader.optional_member(value, "queues")) {
+    micro_batch.queues = queues_from_json(reader, *queues, path.member("queues"));
+  }
+  if (const json* layout = reader.optional_member(value, "linear_layout")) {
+    const JsonPath layout_path = path.member("linear_layout");
+    reader.array(*layout, layout_path);
+    micro_batch.linear_layout.reserve(layout->size());
+    for (std::size_t i = 0; i < layout->size(); ++i) {
+      micro_batch.linear_layout.push_back(
+          slice_from_json(reader, (*layout)[i], layout_path.element(i)));
+    }
+  }
+  return micro_batch;
+}
+
+void check_format_and_version(const Reader& reader, const json& root, const JsonPath& path) {
+  const JsonPath format_path = path.member("format");
+  const std::string format = reader.string(reader.member(root, path, "format"), format_path);
+  if (format != kPlanFormatName) {
+    reader.fail(format_path, fmt::format("expected \"{}\", got \"{}\"; is this a ballast plan?",
+                                         kPlanFormatName, format));
+  }
+  const JsonPath version_path = path.member("version");
+  const auto version = reader.integer(reader.member(root, path, "version"), version_path);
+  if (version != kPlanFormatVersion) {
+    reader.fail(version_path,
+                fmt::format("plan format version {} is not supported; this ballast reads "
+                            "version {} only; re-create the plan with this ballast",
+                            version, kPlanFormatVersion));
+  }
+}
+
+}  // namespace
+
+std::string to_string(Scheme scheme) {
+  for (const auto& [value, name] : kSchemeNames) {
+    if (value == scheme) return name;
+  }
+  BALLAST_CHECK(false, fmt::format("unknown Scheme value {}", static_cast<int>(scheme)));
+  return "";
+}
+
+Scheme parse_scheme(const std::string& text) {
+  for (const auto& [value, name] : kSchemeNames) {
+    if (text == name) return value;
+  }
+  throw InputError(fmt::format(
+      "unknown attention scheme '{}'; use one of local, ring, all_gather, ulysses", text));
+}
+
+nlohmann::json to_json(const Plan& plan) {
+  json micro_batches = json::array();
+  for (const auto& micro_batch : plan.micro_batches) {
+    micro_batches.push_back(micro_batch_to_json(micro_batch));
+  }
+  return json{{"format", kPlanFormatName},
+              {"version", plan.version},
+              {"strategy", plan.strategy},
+              {"step", plan.step},
+              {"cluster", to_json(plan.cluster)},
+              {"model", to_json(plan.model)},
+              {"cost_model", plan.cost_model},
+              {"sequence_lengths_tokens", plan.sequence_lengths_tokens},
+              {"micro_batches", std::move(micro_batches)}};
+}
+
+Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
+  const Reader reader(source);
+  const JsonPath root;
+  if (!json.is_object())
+    reader.fail(root, "expected a JSON object (a ballast plan), got " + describe(json));
+  check_format_and_version(reader, json, root);
+  Plan plan;
+  plan.version = kPlanFormatVersion;
+  plan.strategy = reader.string(reader.member(json, root, "strategy"), root.member("strategy"));
+  plan.step = reader.integer(reader.member(json, root, "step"), root.member("step"));
+  plan.cluster = cluster_from_json(reader.member(json, root, "cluster"), source + ": cluster");
+  plan.model = model_from_json(reader.member(json, root, "model"), source + ": model");
+  const nlohmann::json& cost_model = reader.member(json, root, "cost_model");
+  if (!cost_model.is_object()) {
+    reader.fail(root.member("cost_model"), "expected a JSON object, got " + describe(cost_model));
+  }
+  plan.cost_model = cost_model;
+  const JsonPath lengths_path = root.member("sequence_lengths_tokens");
+  const auto& lengths =
+      reader.array(reader.member(json, root, "sequence_lengths_tokens"), lengths_path);
+  plan.sequence_lengths_tokens.reserve(lengths.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    plan.sequence_lengths_tokens.push_back(reader.integer(lengths[i], lengths_path.element(i)));
+  }
+  const JsonPath batches_path = root.member("micro_batches");
+  const auto& batches = reader.array(reader.member(json, root, "micro_batches"), batches_path);
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    plan.micro_batches.push_back(
+        micro_batch_from_json(reader, batches[i], batches_path.element(i)));
+  }
+  return plan;
+}
+
+std::string plan_to_string(const Plan& plan) { return to_json(plan).dump(1) + "\n"; }
+
+}  // namespace ballast

@@ -1,0 +1,73 @@
+// lower_bound(): a step time no valid plan beats, from total work spread over all ranks
+// and from the micro-batches memory forces on the rank with the most tokens.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
+
+namespace ballast {
+
+namespace {
+
+Tokens ceil_div(Tokens numerator, Tokens denominator) {
+  return (numerator + denominator - 1) / denominator;
+}
+
+/// Linear layers plus attention at its pair floor, forward and backward, all sequences.
+Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
+  Seconds total_s = 0;
+  for (Tokens length : lengths_tokens) {
+    const double pairs = static_cast<double>(length) * static_cast<double>(length + 1) / 2.0;
+    total_s += cost.linear_time_s(length, Pass::forward) +
+               cost.linear_time_s(length, Pass::backward) +
+               cost.attention_pair_floor_s(pairs, Pass::forward) +
+               cost.attention_pair_floor_s(pairs, Pass::backward);
+  }
+  return total_s;
+}
+
+}  // namespace
+
+LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
+  const int ranks = cost.cluster().ranks();
+  BALLAST_CHECK(ranks > 0, "a validated cluster has ranks");
+  Tokens total_tokens = 0;
+  for (Tokens length : lengths_tokens) {
+    if (length < 0) {
+      throw InputError(
+          fmt::format("sequence lengths: {} is negative; lengths are token counts >= 0", length));
+    }
+    total_tokens += length;
+  }
+  const Tokens capacity_tokens = cost.token_capacity_per_rank();
+  const Seconds overhead_s =
+      cost.micro_batch_overhead_s(Pass::forward) + cost.micro_batch_overhead_s(Pass::backward);
+
+  LowerBound bound;
+  // An empty batch needs no micro-batch (and pays no overhead).
+  bound.min_micro_batches = static_cast<int>(ceil_div(total_tokens, ranks * capacity_tokens));
+  bound.compute_per_rank_s = total_compute_s(lengths_tokens, cost) / ranks;
+  bound.overhead_s = bound.min_micro_batches * overhead_s;
+  bound.gradient_sync_s = cost.gradient_sync_time_s();
+  // Every rank-micro-batch holding tokens holds at most `capacity` of them and pays the
+  // overhead: at least ceil(total / capacity) such slots exist, shared by all ranks.
+  const Tokens slots = ceil_div(total_tokens, capacity_tokens);
+  const Seconds spread_s =
+      bound.compute_per_rank_s + static_cast<double>(slots) * overhead_s / ranks;
+  // The rank with the most linear tokens holds >= ceil(total / ranks) of them, at most
+  // `capacity` per micro-batch, so it runs >= min_micro_batches micro-batches.
+  const Tokens fullest_tokens = ceil_div(total_tokens, ranks);
+  const Seconds fullest_s = bound.overhead_s + cost.linear_time_s(fullest_tokens, Pass::forward) +
+                            cost.linear_time_s(fullest_tokens, Pass::backward);
+  if (spread_s >= fullest_s) {
+    bound.binding = fmt::format("compute spread over {} ranks", ranks);
+  } else {
+    bound.binding = "memory-forced micro-batches";
+  }
+  bound.time_s = std::max(spread_s, fullest_s) + bound.gradient_sync_s;
+  return bound;
+}
+
+}  // namespace ballast

@@ -1,0 +1,227 @@
+// Each rank's program for one step as tasks: per micro-batch overhead, linear layers,
+// remaps and attention groups in queue order, forward then backward; then gradient sync.
+#include "program.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <queue>
+
+#include "ballast/error.hpp"
+#include "schemes.hpp"
+
+namespace ballast::sim {
+
+namespace {
+
+/// Tokens of one sequence moving from `linear_rank` (linear layout) to `attention_rank`.
+struct RemapFlow {
+  int linear_rank = 0;
+  int attention_rank = 0;
+  Tokens tokens = 0;
+};
+
+/// What a micro-batch asks of each rank.
+struct MicroBatchLayout {
+  std::vector<Tokens> linear_tokens;  ///< per rank
+  std::vector<bool> participates;     ///< holds tokens or is in a group
+  std::vector<RemapFlow> flows;       ///< empty without a linear layout
+  std::vector<int> group_order;       ///< an order of groups consistent with every queue
+};
+
+/// Groups in an order in which each is at the head of all its members' queues when
+/// taken (smallest group index first among those ready).
+std::vector<int> group_order(const MicroBatch& micro_batch, int index, int ranks) {
+  const std::vector<std::vector<int>> queues = effective_queues(micro_batch, ranks);
+  const auto& groups = micro_batch.groups;
+  std::vector<std::size_t> head(queues.size(), 0);
+  std::vector<std::size_t> members_at_head(groups.size(), 0);
+  std::priority_queue<int, std::vector<int>, std::greater<>> ready;
+  const auto arrive = [&](int group) {
+    if (++members_at_head[group] == groups[group].ranks.size()) ready.push(group);
+  };
+  for (const auto& queue : queues) {
+    if (!queue.empty()) arrive(queue.front());
+  }
+  std::vector<int> order;
+  while (!ready.empty()) {
+    const int group = ready.top();
+    ready.pop();
+    order.push_back(group);
+    for (int rank : groups[group].ranks) {
+      if (++head[rank] < queues[rank].size()) arrive(queues[rank][head[rank]]);
+    }
+  }
+  if (order.size() != groups.size()) {
+    throw InputError(fmt::format(
+        "plan: the queues of micro-batch {} deadlock (no order runs every group); reorder "
+        "the queues so that ranks sharing groups run them in the same relative order",
+        index));
+  }
+  return order;
+}
+
+/// Overlaps of linear slices and attention chunks of each sequence, summed per
+/// (linear rank, attention rank) pair, in rank order.
+std::vector<RemapFlow> remap_flows(const MicroBatch& micro_batch) {
+  std::map<std::int64_t, std::vector<LinearSlice>> slices_of;
+  for (const LinearSlice& slice : micro_batch.linear_layout)
+    slices_of[slice.sequence_id].push_back(slice);
+  std::map<std::pair<int, int>, Tokens> moved;
+  for (const AttentionGroup& group : micro_batch.groups) {
+    for (const SequenceChunks& sequence : group.sequences) {
+      auto slices = slices_of[sequence.sequence_id];
+      auto chunks = sequence.chunks;
+      std::sort(slices.begin(), slices.end(),
+                [](auto& a, auto& b) { return a.begin_tokens < b.begin_tokens; });
+      std::sort(chunks.begin(), chunks.end(),
+                [](auto& a, auto& b) { return a.begin_tokens < b.begin_tokens; });
+      for (std::size_t s = 0, c = 0; s < slices.size() && c < chunks.size();) {
+        const Tokens overlap = std::min(slices[s].end_tokens, chunks[c].end_tokens) -
+                               std::max(slices[s].begin_tokens, chunks[c].begin_tokens);
+        if (overlap > 0) moved[{slices[s].rank, chunks[c].rank}] += overlap;
+        if (slices[s].end_tokens < chunks[c].end_tokens)
+          ++s;
+        else
+          ++c;
+      }
+    }
+  }
+  std::vector<RemapFlow> flows;
+  for (const auto& [ranks, tokens] : moved) flows.push_back({ranks.first, ranks.second, tokens});
+  return flows;
+}
+
+MicroBatchLayout layout_of(const MicroBatch& micro_batch, int index, int ranks) {
+  MicroBatchLayout layout;
+  layout.linear_tokens.assign(ranks, 0);
+  layout.participates.assign(ranks, false);
+  for (const AttentionGroup& group : micro_batch.groups) {
+    for (int rank : group.ranks) layout.participates[rank] = true;
+    for (const SequenceChunks& sequence : group.sequences) {
+      for (const Chunk& chunk : sequence.chunks) {
+        // Without a remap the linear modules run on the attention chunks, padding included.
+        if (micro_batch.linear_layout.empty()) layout.linear_tokens[chunk.rank] += chunk.size();
+      }
+    }
+  }
+  for (const LinearSlice& slice : micro_batch.linear_layout) {
+    layout.linear_tokens[slice.rank] += slice.end_tokens - slice.begin_tokens;
+  }
+  for (int rank = 0; rank < ranks; ++rank) {
+    if (layout.linear_tokens[rank] > 0) layout.participates[rank] = true;
+  }
+  if (!micro_batch.linear_layout.empty()) layout.flows = remap_flows(micro_batch);
+  layout.group_order = group_order(micro_batch, index, ranks);
+  return layout;
+}
+
+class StepBuilder {
+ public:
+  StepBuilder(const Plan& plan, const CostModel& cost, const LinkPorts& ports, TaskGraph& graph)
+      : plan_(plan),
+        cost_(cost),
+        ports_(ports),
+        graph_(graph),
+        cursor_(static_cast<std::size_t>(plan.cluster.ranks()), -1) {}
+
+  void build() {
+    for (std::size_t m = 0; m < plan_.micro_batches.size(); ++m) {
+      const int index = static_cast<int>(m);
+      const MicroBatchLayout layout = layout_of(plan_.micro_batches[m], index, ranks());
+      add_pass(index, layout, Pass::forward);
+      add_pass(index, layout, Pass::backward);
+    }
+    add_gradient_sync();
+  }
+
+ private:
+  int ranks() const { return static_cast<int>(cursor_.size()); }
+  BuildContext context(int micro_batch) { return {cost_, ports_, graph_, cursor_, micro_batch}; }
+
+  void add_pass(int m, const MicroBatchLayout& layout, Pass pass) {
+    const double qkv_fraction = cost_.model().qkv_flops_fraction();
+    const bool forward = pass == Pass::forward;
+    if (forward) add_overhead(m, layout, pass);
+    add_linear(m, layout, pass, forward ? "linear qkv" : "linear out+mlp",
+               forward ? qkv_fraction : 1 - qkv_fraction);
+    add_remap(m, layout, pass, /*to_attention=*/true);
+    BuildContext ctx = context(m);
+    for (int group : layout.group_order) {
+      add_attention_group(ctx, plan_.micro_batches[m].groups[group], pass);
+    }
+    add_remap(m, layout, pass, /*to_attention=*/false);
+    add_linear(m, layout, pass, forward ? "linear out+mlp" : "linear qkv",
+               forward ? 1 - qkv_fraction : qkv_fraction);
+    if (!forward) add_overhead(m, layout, pass);
+  }
+
+  void add_overhead(int m, const MicroBatchLayout& layout, Pass pass) {
+    const Seconds overhead_s = cost_.micro_batch_overhead_s(pass);
+    if (overhead_s <= 0) return;
+    for (int rank = 0; rank < ranks(); ++rank) {
+      if (!layout.participates[rank]) continue;
+      cursor_[rank] = graph_.add_compute(rank, m, overhead_s, {cursor_[rank]}, [&] {
+        return fmt::format("overhead {}", pass_name(pass));
+      });
+    }
+  }
+
+  void add_linear(int m, const MicroBatchLayout& layout, Pass pass, const char* what,
+                  double fraction) {
+    for (int rank = 0; rank < ranks(); ++rank) {
+      const Seconds duration_s = cost_.linear_time_s(layout.linear_tokens[rank], pass) * fraction;
+      if (!layout.participates[rank] || duration_s <= 0) continue;
+      cursor_[rank] = graph_.add_compute(rank, m, duration_s, {cursor_[rank]}, [&] {
+        return fmt::format("{} {}", what, pass_name(pass));
+      });
+    }
+  }
+
+  /// Hidden states move between the layouts; a rank's next op waits for its incoming
+  /// transfers, its outgoing ones start when it reaches the remap.
+  void add_remap(int m, const MicroBatchLayout& layout, Pass pass, bool to_attention) {
+    if (layout.flows.empty()) return;
+    BuildContext ctx = context(m);
+    const Bytes bytes_per_token = cost_.model().hidden_bytes_per_token();
+    std::map<int, std::vector<int>> incoming;
+    for (const RemapFlow& flow : layout.flows) {
+      const int src = to_attention ? flow.linear_rank : flow.attention_rank;
+      const int dst = to_attention ? flow.attention_rank : flow.linear_rank;
+      if (src == dst) continue;
+      incoming[dst].push_back(
+          add_p2p(ctx, src, dst, bytes_per_token * flow.tokens, cursor_[src], 1, [&] {
+            return fmt::format("remap {} to {}", pass_name(pass),
+                               to_attention ? "attention" : "linear");
+          }));
+    }
+    for (auto& [rank, arrivals] : incoming) {
+      arrivals.push_back(cursor_[rank]);
+      cursor_[rank] = graph_.add_join(arrivals);
+    }
+  }
+
+  void add_gradient_sync() {
+    std::vector<int> everyone(cursor_.size());
+    for (int rank = 0; rank < ranks(); ++rank) everyone[rank] = rank;
+    graph_.add_collective(everyone, -1, cost_.gradient_sync_time_s(),
+                          ports_.collective_ports(everyone), cursor_,
+                          [] { return std::string("gradient sync"); });
+  }
+
+  const Plan& plan_;
+  const CostModel& cost_;
+  const LinkPorts& ports_;
+  TaskGraph& graph_;
+  std::vector<int> cursor_;  ///< per rank: the task its next op waits for (-1: none)
+};
+
+}  // namespace
+
+void build_step_program(const Plan& plan, const CostModel& cost, const LinkPorts& ports,
+                        TaskGraph& graph) {
+  StepBuilder(plan, cost, ports, graph).build();
+}
+
+}  // namespace ballast::sim

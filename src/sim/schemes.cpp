@@ -1,0 +1,269 @@
+// Attention schemes as tasks (local, ring with overlapped KV passing, all-gather,
+// Ulysses all-to-alls) and point-to-point transfers, direct or routed over proxy GPUs.
+#include "schemes.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+#include "ballast/error.hpp"
+
+namespace ballast::sim {
+
+namespace {
+
+/// A chunk of the group's sequence number `sequence` (index into group.sequences).
+struct GroupChunk {
+  int sequence = 0;
+  Tokens begin_tokens = 0;
+  Tokens end_tokens = 0;
+};
+
+/// The group's chunks seen from each member, by position in group.ranks.
+struct GroupLayout {
+  std::vector<Tokens> tokens;                   ///< tokens held by each position
+  std::vector<std::vector<GroupChunk>> chunks;  ///< per position, ordered by sequence
+};
+
+GroupLayout layout_of(const AttentionGroup& group) {
+  std::map<int, int> position_of_rank;
+  for (std::size_t i = 0; i < group.ranks.size(); ++i) {
+    position_of_rank[group.ranks[i]] = static_cast<int>(i);
+  }
+  GroupLayout layout;
+  layout.tokens.assign(group.ranks.size(), 0);
+  layout.chunks.resize(group.ranks.size());
+  for (std::size_t s = 0; s < group.sequences.size(); ++s) {
+    for (const Chunk& chunk : group.sequences[s].chunks) {
+      const auto it = position_of_rank.find(chunk.rank);
+      BALLAST_CHECK(it != position_of_rank.end(), "a validated plan has chunks on group ranks");
+      layout.tokens[it->second] += chunk.size();
+      layout.chunks[it->second].push_back(
+          {static_cast<int>(s), chunk.begin_tokens, chunk.end_tokens});
+    }
+  }
+  return layout;
+}
+
+std::vector<AttentionBlock> whole_documents(const AttentionGroup& group) {
+  std::vector<AttentionBlock> blocks;
+  blocks.reserve(group.sequences.size());
+  for (const SequenceChunks& sequence : group.sequences) {
+    blocks.push_back(whole_document(sequence.padded_length_tokens));
+  }
+  return blocks;
+}
+
+Seconds attention_time_s(const CostModel& cost, const std::vector<AttentionBlock>& blocks,
+                         int head_split, Pass pass) {
+  return blocks.empty() ? 0.0 : cost.attention_time_s(blocks, head_split, pass);
+}
+
+/// Ring step: every own chunk as queries against every chunk of the block owner as keys,
+/// per sequence; blocks the causal mask empties are dropped.
+std::vector<AttentionBlock> ring_step_blocks(const GroupLayout& layout, int own, int owner) {
+  std::vector<AttentionBlock> blocks;
+  const auto& queries = layout.chunks[own];
+  const auto& keys = layout.chunks[owner];
+  std::size_t first_key = 0;
+  for (const GroupChunk& q : queries) {
+    while (first_key < keys.size() && keys[first_key].sequence < q.sequence) ++first_key;
+    for (std::size_t k = first_key; k < keys.size() && keys[k].sequence == q.sequence; ++k) {
+      const AttentionBlock block{q.begin_tokens, q.end_tokens, keys[k].begin_tokens,
+                                 keys[k].end_tokens};
+      if (causal_pairs(block) > 0) blocks.push_back(block);
+    }
+  }
+  return blocks;
+}
+
+void add_local(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
+  const int rank = group.ranks.front();
+  const Seconds duration_s = attention_time_s(ctx.cost, whole_documents(group), 1, pass);
+  ctx.cursor[rank] =
+      ctx.graph.add_compute(rank, ctx.micro_batch, duration_s, {ctx.cursor[rank]},
+                            [&] { return fmt::format("attention {} local", pass_name(pass)); });
+}
+
+std::vector<int> member_cursors(const BuildContext& ctx, const AttentionGroup& group) {
+  std::vector<int> cursors;
+  for (int rank : group.ranks) cursors.push_back(ctx.cursor[rank]);
+  return cursors;
+}
+
+/// A collective over the group's members after `deps`; returns its task id.
+int add_group_collective(BuildContext& ctx, const AttentionGroup& group, Seconds duration_s,
+                         const std::vector<int>& deps, const std::string& what, Pass pass) {
+  return ctx.graph.add_collective(group.ranks, ctx.micro_batch, duration_s,
+                                  ctx.ports.collective_ports(group.ranks), deps,
+                                  [&] { return fmt::format("{} {}", what, pass_name(pass)); });
+}
+
+std::vector<Bytes> bytes_per_member(const GroupLayout& layout, Bytes bytes_per_token) {
+  std::vector<Bytes> bytes;
+  for (Tokens tokens : layout.tokens) bytes.push_back(tokens * bytes_per_token);
+  return bytes;
+}
+
+void add_ulysses(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
+  const GroupLayout layout = layout_of(group);
+  const Model& model = ctx.cost.model();
+  const bool forward = pass == Pass::forward;
+  // Forward: Q, K, V in, O out; backward: dO in, dQ, dK, dV out.
+  const Bytes in_per_token = forward ? model.qkv_bytes_per_token() : model.hidden_bytes_per_token();
+  const Bytes out_per_token =
+      forward ? model.hidden_bytes_per_token() : model.qkv_bytes_per_token();
+  const int size = static_cast<int>(group.ranks.size());
+  const int scatter = add_group_collective(
+      ctx, group, ctx.cost.all_to_all_time_s(group.ranks, bytes_per_member(layout, in_per_token)),
+      member_cursors(ctx, group), forward ? "all-to-all qkv" : "all-to-all dout", pass);
+  const Seconds compute_s = attention_time_s(ctx.cost, whole_documents(group), size, pass);
+  std::vector<int> computes;
+  for (int rank : group.ranks) {
+    computes.push_back(ctx.graph.add_compute(rank, ctx.micro_batch, compute_s, {scatter}, [&] {
+      return fmt::format("attention {} ulysses g{}", pass_name(pass), size);
+    }));
+  }
+  const int gather = add_group_collective(
+      ctx, group, ctx.cost.all_to_all_time_s(group.ranks, bytes_per_member(layout, out_per_token)),
+      computes, forward ? "all-to-all out" : "all-to-all dqkv", pass);
+  for (int rank : group.ranks) ctx.cursor[rank] = gather;
+}
+
+void add_all_gather(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
+  const GroupLayout layout = layout_of(group);
+  const std::vector<Bytes> kv_bytes =
+      bytes_per_member(layout, ctx.cost.model().kv_bytes_per_token());
+  const Seconds gather_s = ctx.cost.all_gather_time_s(group.ranks, kv_bytes);
+  const int size = static_cast<int>(group.ranks.size());
+  // KV is gathered again in the backward pass (LLaMA-3 CP keeps no gathered copy).
+  const int gather =
+      add_group_collective(ctx, group, gather_s, member_cursors(ctx, group), "all-gather kv", pass);
+  std::vector<int> computes;
+  for (int i = 0; i < size; ++i) {
+    std::vector<AttentionBlock> blocks;
+    for (const GroupChunk& c : layout.chunks[i]) {
+      blocks.push_back({c.begin_tokens, c.end_tokens, 0, c.end_tokens});
+    }
+    const int rank = group.ranks[i];
+    computes.push_back(ctx.graph.add_compute(
+        rank, ctx.micro_batch, attention_time_s(ctx.cost, blocks, 1, pass), {gather},
+        [&] { return fmt::format("attention {} all-gather g{}", pass_name(pass), size); }));
+    ctx.cursor[rank] = computes.back();
+  }
+  if (pass == Pass::backward) {
+    // The dKV reduce-scatter moves the same bytes as the gather.
+    const int scatter =
+        add_group_collective(ctx, group, gather_s, computes, "reduce-scatter dkv", pass);
+    for (int rank : group.ranks) ctx.cursor[rank] = scatter;
+  }
+}
+
+/// Ring attention: at step j position i computes against the block of position
+/// (i - j) mod g while the block for step j + 1 travels (forward); backward sends the
+/// block with its partial dKV after each step and returns dKV to its owner at the end.
+void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
+  const GroupLayout layout = layout_of(group);
+  const int g = static_cast<int>(group.ranks.size());
+  const bool forward = pass == Pass::forward;
+  const Bytes kv_per_token = ctx.cost.model().kv_bytes_per_token();
+  const auto& ranks = group.ranks;
+  std::vector<int> reach = member_cursors(ctx, group);
+  std::vector<int> last_compute = reach;
+  std::vector<int> arrived(g, -1);  // send (i - 1, j - 1): the block position i needs at step j
+  for (int j = 0; j < g; ++j) {
+    std::vector<int> sends(g, -1);
+    for (int i = 0; i < g; ++i) {
+      const int owner = ((i - j) % g + g) % g;
+      const int block = j == 0 ? -1 : arrived[i];
+      const Seconds compute_s =
+          attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner), 1, pass);
+      last_compute[i] = ctx.graph.add_compute(
+          ranks[i], ctx.micro_batch, compute_s, {last_compute[i], block},
+          [&] { return fmt::format("attention {} ring g{} step {}", pass_name(pass), g, j); });
+      const int next = (i + 1) % g;
+      const Bytes block_bytes = kv_per_token * layout.tokens[owner];
+      if (forward && j < g - 1) {
+        sends[i] = add_p2p(ctx, ranks[i], ranks[next], block_bytes, j == 0 ? reach[i] : block,
+                           group.routing_proxies,
+                           [&] { return fmt::format("ring kv fwd g{} step {}", g, j); });
+      } else if (!forward) {
+        const bool last = j == g - 1;  // the last send carries only the dKV home
+        sends[i] = add_p2p(ctx, ranks[i], ranks[next], (last ? 1 : 2) * block_bytes,
+                           last_compute[i], group.routing_proxies, [&] {
+                             return last ? fmt::format("ring dkv bwd g{}", g)
+                                         : fmt::format("ring kv+dkv bwd g{} step {}", g, j);
+                           });
+      }
+    }
+    for (int i = 0; i < g; ++i) arrived[i] = sends[(i - 1 + g) % g];
+  }
+  for (int i = 0; i < g; ++i) {
+    const int ends[] = {last_compute[i], forward ? -1 : arrived[i]};
+    ctx.cursor[ranks[i]] = ctx.graph.add_join(ends);
+  }
+}
+
+int add_direct_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer,
+                        int dep, const std::function<std::string()>& name) {
+  return ctx.graph.add_transfer(src_rank, dst_rank, ctx.micro_batch,
+                                ctx.cost.p2p_time_s(bytes_per_layer, src_rank, dst_rank),
+                                ctx.ports.transfer_ports(src_rank, dst_rank), {dep}, name);
+}
+
+/// Zeppelin routing: dispatch B/k to k-1 proxies on the source node (NVLink), k NIC
+/// transfers of B/k between proxies with distinct NICs, combine on the destination node.
+int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer,
+                        int dep, int proxies, const std::function<std::string()>& name) {
+  const Cluster& cluster = ctx.cost.cluster();
+  const int gpus = cluster.gpus_per_node;
+  const auto proxy = [&](int rank, int t) {
+    return cluster.node_of(rank) * gpus + (rank % gpus + t * cluster.gpus_per_nic()) % gpus;
+  };
+  const Bytes share = (bytes_per_layer + proxies - 1) / proxies;
+  std::vector<int> arrivals;
+  for (int t = 0; t < proxies; ++t) {
+    const int from = proxy(src_rank, t);
+    const int to = proxy(dst_rank, t);
+    const int dispatched =
+        add_p2p(ctx, src_rank, from, share, dep, 1, [&] { return name() + " (dispatch)"; });
+    const int crossed =
+        add_p2p(ctx, from, to, share, dispatched, 1, [&] { return name() + " (nic)"; });
+    arrivals.push_back(
+        add_p2p(ctx, to, dst_rank, share, crossed, 1, [&] { return name() + " (combine)"; }));
+  }
+  return ctx.graph.add_join(arrivals);
+}
+
+}  // namespace
+
+const char* pass_name(Pass pass) { return pass == Pass::forward ? "fwd" : "bwd"; }
+
+void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
+  BALLAST_CHECK(!group.ranks.empty(), "a validated plan has no empty group");
+  switch (group.scheme) {
+    case Scheme::local:
+      return add_local(ctx, group, pass);
+    case Scheme::ring:
+      return group.ranks.size() == 1 ? add_local(ctx, group, pass) : add_ring(ctx, group, pass);
+    case Scheme::all_gather:
+      return add_all_gather(ctx, group, pass);
+    case Scheme::ulysses:
+      return add_ulysses(ctx, group, pass);
+  }
+  BALLAST_CHECK(false, "unknown scheme");
+}
+
+int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
+            int routing_proxies, const std::function<std::string()>& name) {
+  if (src_rank == dst_rank || bytes_per_layer <= 0) return dep;
+  const Cluster& cluster = ctx.cost.cluster();
+  const int proxies = std::min(routing_proxies, cluster.nics_per_node);
+  if (proxies <= 1 || cluster.same_node(src_rank, dst_rank)) {
+    return add_direct_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, name);
+  }
+  return add_routed_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, proxies, name);
+}
+
+}  // namespace ballast::sim

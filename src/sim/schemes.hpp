@@ -1,0 +1,38 @@
+// Internal to the simulator: how each attention scheme (local, ring, all-gather,
+// Ulysses) and each point-to-point transfer (direct or routed) becomes tasks.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ballast/cost_model.hpp"
+#include "ballast/plan.hpp"
+#include "timeline.hpp"
+
+namespace ballast::sim {
+
+/// What a scheme builder needs: the cost model, the ports, the graph being built and,
+/// per rank, the task its program waits for before its next op (-1: nothing yet).
+struct BuildContext {
+  const CostModel& cost;
+  const LinkPorts& ports;
+  TaskGraph& graph;
+  std::vector<int>& cursor;
+  int micro_batch = 0;
+};
+
+const char* pass_name(Pass pass);  ///< "fwd" or "bwd"
+
+/// Adds one group's attention for `pass`, each member starting at its cursor, and moves
+/// the members' cursors to where the group ends on them.
+void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass);
+
+/// A transfer of bytes_per_layer from src to dst that can start once `dep` ended;
+/// inter-node transfers are split over routing_proxies proxy GPUs per node (Zeppelin's
+/// routing) when that is > 1. Returns the task at whose end the data has arrived (`dep`
+/// itself for a same-rank or empty transfer, which is free).
+int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
+            int routing_proxies, const std::function<std::string()>& name);
+
+}  // namespace ballast::sim

@@ -1,0 +1,163 @@
+// simulate(): validates a plan, runs its step's task graph through the event pump and
+// turns the timeline into per-rank busy / communication / exposed / idle times and a trace.
+#include "ballast/simulator.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+
+#include "ballast/error.hpp"
+#include "program.hpp"
+#include "timeline.hpp"
+
+namespace ballast {
+
+namespace {
+
+using Interval = std::pair<Seconds, Seconds>;  // [start, end)
+
+/// Sorted, disjoint union of intervals.
+std::vector<Interval> merged(std::vector<Interval> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  std::vector<Interval> out;
+  for (const Interval& interval : intervals) {
+    if (!out.empty() && interval.first <= out.back().second) {
+      out.back().second = std::max(out.back().second, interval.second);
+    } else {
+      out.push_back(interval);
+    }
+  }
+  return out;
+}
+
+Seconds measure(const std::vector<Interval>& disjoint) {
+  Seconds total = 0;
+  for (const auto& [start, end] : disjoint) total += end - start;
+  return total;
+}
+
+/// Measure of the intersection of two sorted, disjoint interval lists.
+Seconds overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  Seconds total = 0;
+  for (std::size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    total += std::max(0.0, std::min(a[i].second, b[j].second) - std::max(a[i].first, b[j].first));
+    if (a[i].second < b[j].second)
+      ++i;
+    else
+      ++j;
+  }
+  return total;
+}
+
+/// Busy, communication and exposed communication of every rank from the timeline.
+void account_ranks(const sim::TaskGraph& graph, Seconds step_s, std::vector<RankTimes>& ranks) {
+  std::vector<std::vector<Interval>> compute(ranks.size());
+  std::vector<std::vector<Interval>> communication(ranks.size());
+  for (int id = 0; id < graph.size(); ++id) {
+    const sim::Task& task = graph.task(id);
+    if (task.duration_s <= 0 || task.kind == sim::TaskKind::join) continue;
+    auto& lists = task.kind == sim::TaskKind::compute ? compute : communication;
+    for (int rank : graph.parties(id)) lists[rank].emplace_back(task.start_s, task.end_s());
+  }
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const std::vector<Interval> busy = merged(std::move(compute[r]));
+    const std::vector<Interval> talking = merged(std::move(communication[r]));
+    RankTimes& times = ranks[r];
+    times.busy_s = measure(busy);
+    times.communication_s = measure(talking);
+    times.exposed_communication_s = times.communication_s - overlap(talking, busy);
+    times.idle_s = std::max(0.0, step_s - times.busy_s - times.exposed_communication_s);
+  }
+}
+
+const char* lane_of(sim::TaskKind kind, bool sender) {
+  switch (kind) {
+    case sim::TaskKind::compute:
+      return "compute";
+    case sim::TaskKind::transfer:
+      return sender ? "send" : "recv";
+    default:
+      return "collective";
+  }
+}
+
+int lane_number(const std::string& lane) {
+  if (lane == "compute") return 0;
+  if (lane == "send") return 1;
+  if (lane == "recv") return 2;
+  return 3;
+}
+
+/// One event per compute op, a send and a recv per transfer, one per collective member;
+/// ordered by rank, start, lane, then creation.
+std::vector<TraceEvent> trace_of(const sim::TaskGraph& graph) {
+  std::vector<std::tuple<int, Seconds, int, int, TraceEvent>> keyed;
+  for (int id = 0; id < graph.size(); ++id) {
+    const sim::Task& task = graph.task(id);
+    if (task.duration_s <= 0 || task.kind == sim::TaskKind::join) continue;
+    const auto parties = graph.parties(id);
+    for (std::size_t p = 0; p < parties.size(); ++p) {
+      TraceEvent event{parties[p],     lane_of(task.kind, p == 0),
+                       graph.name(id), task.micro_batch,
+                       task.start_s,   task.duration_s};
+      keyed.emplace_back(event.rank, event.start_s, lane_number(event.lane), id, std::move(event));
+    }
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
+    return std::tie(std::get<0>(a), std::get<1>(a), std::get<2>(a), std::get<3>(a)) <
+           std::tie(std::get<0>(b), std::get<1>(b), std::get<2>(b), std::get<3>(b));
+  });
+  std::vector<TraceEvent> events;
+  events.reserve(keyed.size());
+  for (auto& entry : keyed) events.push_back(std::move(std::get<4>(entry)));
+  return events;
+}
+
+void summarise(SimulationReport& report) {
+  const auto ranks = static_cast<double>(report.ranks.size());
+  Seconds max_busy_s = 0;
+  Seconds total_busy_s = 0;
+  Seconds total_exposed_s = 0;
+  for (const RankTimes& times : report.ranks) {
+    max_busy_s = std::max(max_busy_s, times.busy_s);
+    total_busy_s += times.busy_s;
+    total_exposed_s += times.exposed_communication_s;
+    report.peak_memory_bytes = std::max(report.peak_memory_bytes, times.peak_memory_bytes);
+  }
+  const Seconds mean_busy_s = total_busy_s / ranks;
+  report.imbalance = mean_busy_s > 0 ? max_busy_s / mean_busy_s : 1.0;
+  report.exposed_communication_fraction =
+      report.step_time_s > 0 ? total_exposed_s / (ranks * report.step_time_s) : 0.0;
+}
+
+}  // namespace
+
+SimulationReport simulate(const Plan& plan, const CostModel& cost,
+                          const SimulationOptions& options) {
+  require_valid(plan, cost, "plan");
+  const sim::LinkPorts ports(plan.cluster);
+  sim::TaskGraph graph(options.record_trace);
+  sim::build_step_program(plan, cost, ports, graph);
+  graph.run(ports.count());
+
+  SimulationReport report;
+  report.strategy = plan.strategy;
+  report.gpus_per_node = plan.cluster.gpus_per_node;
+  report.micro_batches = static_cast<int>(plan.micro_batches.size());
+  report.gradient_sync_s = cost.gradient_sync_time_s();
+  report.lower_bound = lower_bound(plan.sequence_lengths_tokens, cost);
+  for (int id = 0; id < graph.size(); ++id) {
+    report.step_time_s = std::max(report.step_time_s, graph.task(id).end_s());
+  }
+  report.ranks.resize(static_cast<std::size_t>(plan.cluster.ranks()));
+  account_ranks(graph, report.step_time_s, report.ranks);
+  const std::vector<Bytes> peak_bytes = peak_memory_bytes_per_rank(plan, cost);
+  BALLAST_CHECK(peak_bytes.size() == report.ranks.size(), "one peak memory per rank");
+  for (std::size_t r = 0; r < report.ranks.size(); ++r)
+    report.ranks[r].peak_memory_bytes = peak_bytes[r];
+  summarise(report);
+  if (options.record_trace) report.trace = trace_of(graph);
+  return report;
+}
+
+}  // namespace ballast

@@ -1,0 +1,50 @@
+// batch-adaptive (FlexSP's BatchAda): the static-ulysses plan at the power-of-two degree
+// the cost-only estimate finds fastest for this batch.
+#include "builders.hpp"
+#include "ulysses.hpp"
+
+namespace ballast::strategies {
+
+namespace {
+
+constexpr const char* kName = "batch-adaptive";
+
+class BatchAdaptivePlanner final : public Planner {
+ public:
+  std::string name() const override { return kName; }
+  std::string description() const override {
+    return "FlexSP's BatchAda: the best homogeneous Ulysses degree for each batch (cost-model "
+           "estimate)";
+  }
+  Plan plan(const Batch& batch, const CostModel& cost,
+            const PlannerOptions& options) const override {
+    make_plan_skeleton(batch, cost, kName);  // input checks before degree selection
+    if (options.degree) {
+      return plan_static_ulysses(
+          batch, cost, resolve_degree(batch, cost, options, Scheme::ulysses, kName), kName);
+    }
+    // Smallest feasible degree first (throws PlanningError when none is), then every larger
+    // allowed one; strict < keeps the smaller degree on ties.
+    const int smallest = default_degree(batch, cost, Scheme::ulysses, kName);
+    Plan best = plan_static_ulysses(batch, cost, smallest, kName);
+    Seconds best_time_s = estimate_plan_time_s(best, cost);
+    for (int degree : allowed_degrees(cost, Scheme::ulysses)) {
+      if (degree <= smallest) continue;
+      Plan candidate = plan_static_ulysses(batch, cost, degree, kName);
+      const Seconds time_s = estimate_plan_time_s(candidate, cost);
+      if (time_s < best_time_s) {
+        best = std::move(candidate);
+        best_time_s = time_s;
+      }
+    }
+    return best;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Planner> make_batch_adaptive_planner() {
+  return std::make_unique<BatchAdaptivePlanner>();
+}
+
+}  // namespace ballast::strategies

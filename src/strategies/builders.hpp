@@ -1,0 +1,120 @@
+// Shared building blocks of the strategies: plan skeletons, best-fit-decreasing packing,
+// zigzag / contiguous chunking, per-scheme token capacities, degree selection and a
+// cost-only time estimate. Internal to src/strategies (and its tests).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ballast/cost_model.hpp"
+#include "ballast/plan.hpp"
+#include "ballast/strategy.hpp"
+#include "ballast/workload.hpp"
+
+namespace ballast::strategies {
+
+// ---- factories, one per strategy (registry.cpp lists them) ----
+std::unique_ptr<Planner> make_packed_dp_planner();
+std::unique_ptr<Planner> make_static_cp_planner();
+std::unique_ptr<Planner> make_static_cp_allgather_planner();
+std::unique_ptr<Planner> make_static_ulysses_planner();
+std::unique_ptr<Planner> make_batch_adaptive_planner();
+std::unique_ptr<Planner> make_hybrid_dp_planner();
+
+// ---- small helpers ----
+bool is_power_of_two(std::int64_t value);
+/// Smallest power of two >= value (value >= 1).
+std::int64_t next_power_of_two(std::int64_t value);
+/// "1,234,567": token counts in messages.
+std::string format_count(std::int64_t value);
+/// Ranks first, first+1, ..., first+count-1.
+std::vector<int> consecutive_ranks(int first_rank, int count);
+
+/// Plan with cluster, model, cost spec, step and lengths filled and no micro-batches.
+/// Throws InputError for an empty batch or a non-positive length.
+Plan make_plan_skeleton(const Batch& batch, const CostModel& cost, const std::string& strategy);
+
+// ---- packing ----
+struct PackItem {
+  std::int64_t sequence_id = 0;
+  Tokens size_tokens = 0;  ///< what the item occupies in a pack (padded length for CP)
+};
+/// Sequence ids of one pack, in insertion order.
+using Pack = std::vector<std::int64_t>;
+
+/// Best-fit decreasing: items sorted by size descending (ties: id ascending); each goes
+/// to the open pack with the least remaining room that still fits (ties: lowest pack
+/// index), or opens a new pack. Every item must fit an empty pack (checked).
+std::vector<Pack> best_fit_decreasing(std::span<const PackItem> items, Tokens capacity_tokens);
+
+/// Sum of size_tokens over a pack, sizes indexed by sequence id.
+Tokens pack_tokens(const Pack& pack, std::span<const Tokens> size_by_sequence_tokens);
+
+/// Stable sort of packs by total size, descending.
+void sort_packs_by_tokens_descending(std::vector<Pack>& packs,
+                                     std::span<const Tokens> size_by_sequence_tokens);
+
+/// Builds one attention group from a pack placed on `ranks`.
+using GroupBuilder = std::function<AttentionGroup(const Pack& pack, const std::vector<int>& ranks)>;
+
+/// Deals packs round-robin over the ranks()/degree groups of `degree` consecutive ranks:
+/// pack p goes to micro-batch p / groups, group p % groups. Appends micro-batches to plan.
+void deal_packs_round_robin(Plan& plan, const std::vector<Pack>& packs, int degree,
+                            const GroupBuilder& build_group);
+
+// ---- chunking ----
+/// length rounded up to a multiple of 2 * ring_size (TE / Megatron CP padding).
+Tokens zigzag_padded_length(Tokens length_tokens, int ring_size);
+/// Zigzag over ring_ranks (g = size): [0, padded length) cut into 2g equal chunks; ring
+/// member i takes chunks i and 2g-1-i. Chunks listed by member, chunk i first.
+std::vector<Chunk> zigzag_chunks_padded(Tokens length_tokens, std::span<const int> ring_ranks);
+/// Zigzag without padding: [0, length) cut into 2g chunks whose sizes differ by at most
+/// one; the remainder tokens go to member 0, 1, ..., g-1 (first chunks), then again
+/// (second chunks), so member totals also differ by at most one. Empty chunks omitted.
+std::vector<Chunk> zigzag_chunks_unpadded(Tokens length_tokens, std::span<const int> ring_ranks);
+/// [0, length) cut into ranks.size() contiguous ranges differing by at most one token,
+/// the larger ones first. Empty chunks omitted.
+std::vector<Chunk> contiguous_chunks(Tokens length_tokens, std::span<const int> ranks);
+/// The group of one sequence on one rank: [0, length) on that rank.
+SequenceChunks whole_sequence(std::int64_t sequence_id, Tokens length_tokens, int rank);
+
+// ---- memory ----
+/// The scheme a group of `degree` ranks really uses: degree 1 is always local.
+Scheme scheme_at_degree(Scheme scheme, int degree);
+/// Largest token count per rank that fits validate()'s memory check for a group of
+/// `degree` ranks with this scheme (equal tokens on every member): memory limit - model
+/// states >= activation * c + transient(c). 0 when nothing fits.
+/// local: transient 0; ring: 2 * kv * c; all_gather: kv * degree * c; ulysses: qkv * c.
+Tokens usable_tokens_per_rank(const CostModel& cost, Scheme scheme, int degree);
+/// What a sequence occupies in a group: the zigzag-padded length for ring / all_gather
+/// (degree > 1), else its length.
+Tokens footprint_tokens(Tokens length_tokens, Scheme scheme, int degree);
+
+// ---- degree selection ----
+/// Powers of two dividing the rank count (ulysses: also dividing model.kv_heads), ascending.
+std::vector<int> allowed_degrees(const CostModel& cost, Scheme scheme);
+/// Whether a sequence fits one group of this degree.
+bool fits_group(Tokens length_tokens, const CostModel& cost, Scheme scheme, int degree);
+/// The smallest allowed degree whose groups hold the batch's longest sequence; throws
+/// PlanningError naming that sequence when none does.
+int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
+                   const std::string& strategy);
+/// options.degree validated (divides the rank count; ulysses: divides kv_heads; else
+/// InputError naming --degree and the valid values) and checked against the longest
+/// sequence (PlanningError), or default_degree() without an override.
+int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+                   Scheme scheme, const std::string& strategy);
+/// The longest sequence any allowed degree can hold (for tests and messages).
+Tokens max_sequence_tokens(const CostModel& cost, Scheme scheme);
+
+// ---- cost-only estimate ----
+/// Step time of a plan from the cost model alone: per micro-batch per rank, overhead +
+/// linear + attention + the communication it waits for (ring: overlapped with its
+/// attention); micro-batch time = max over ranks; summed, plus gradient sync.
+Seconds estimate_plan_time_s(const Plan& plan, const CostModel& cost);
+
+}  // namespace ballast::strategies

@@ -1,0 +1,177 @@
+// Per-scheme usable tokens per rank (solved from validate()'s memory check) and the
+// choice and validation of static SP/CP degrees.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "ballast/error.hpp"
+#include "builders.hpp"
+
+namespace ballast::strategies {
+
+Scheme scheme_at_degree(Scheme scheme, int degree) { return degree == 1 ? Scheme::local : scheme; }
+
+Tokens usable_tokens_per_rank(const CostModel& cost, Scheme scheme, int degree) {
+  // Throws InputError naming cluster and model when not even one token fits.
+  const Tokens local_tokens = cost.token_capacity_per_rank();
+  const Bytes free_bytes = cost.memory_limit_bytes() - cost.model_state_bytes_per_rank();
+  const Bytes activation_bytes = cost.activation_bytes_per_token();
+  const Model& model = cost.model();
+  // The one-layer transient buffers of plan.hpp's peak_memory_bytes_per_rank, per token
+  // a member holds when every member holds the same count.
+  Bytes transient_bytes_per_token = 0;
+  switch (scheme_at_degree(scheme, degree)) {
+    case Scheme::local:
+      return local_tokens;
+    case Scheme::ring:
+      transient_bytes_per_token = 2 * model.kv_bytes_per_token();
+      break;
+    case Scheme::all_gather:
+      transient_bytes_per_token = degree * model.kv_bytes_per_token();
+      break;
+    case Scheme::ulysses:
+      transient_bytes_per_token = model.qkv_bytes_per_token();
+      break;
+  }
+  return free_bytes / (activation_bytes + transient_bytes_per_token);
+}
+
+Tokens footprint_tokens(Tokens length_tokens, Scheme scheme, int degree) {
+  const Scheme effective = scheme_at_degree(scheme, degree);
+  if (effective == Scheme::ring || effective == Scheme::all_gather) {
+    return zigzag_padded_length(length_tokens, degree);
+  }
+  return length_tokens;
+}
+
+namespace {
+
+/// The longest sequence one group of `degree` ranks holds.
+Tokens max_sequence_tokens_at(const CostModel& cost, Scheme scheme, int degree) {
+  const Tokens group_tokens = degree * usable_tokens_per_rank(cost, scheme, degree);
+  const Scheme effective = scheme_at_degree(scheme, degree);
+  if (effective == Scheme::ring || effective == Scheme::all_gather) {
+    return group_tokens / (2 * degree) * (2 * degree);  // padding rounds up to 2 * degree
+  }
+  return group_tokens;
+}
+
+/// Id of the longest sequence (ties: lowest id).
+std::int64_t longest_sequence_id(const Batch& batch) {
+  const auto& lengths = batch.lengths_tokens;
+  BALLAST_CHECK(!lengths.empty(), "the batch must not be empty");
+  return std::max_element(lengths.begin(), lengths.end()) - lengths.begin();
+}
+
+std::string join_ints(const std::vector<int>& values) {
+  return fmt::format("{}", fmt::join(values, ", "));
+}
+
+/// Why no larger degree exists, for the PlanningError message.
+std::string degree_limit_reason(const CostModel& cost, Scheme scheme, int largest_degree) {
+  const int ranks = cost.cluster().ranks();
+  if (scheme == Scheme::ulysses && cost.model().kv_heads % (2 * largest_degree) != 0 &&
+      ranks % (2 * largest_degree) == 0) {
+    return fmt::format("Ulysses degree is limited to {} by the model's {} KV heads", largest_degree,
+                       cost.model().kv_heads);
+  }
+  return fmt::format("{} is the largest power-of-two degree dividing the {} ranks", largest_degree,
+                     ranks);
+}
+
+std::string what_to_do(Scheme scheme) {
+  if (scheme == Scheme::ulysses) {
+    return "use a strategy that splits further (static-cp, hybrid-dp), lower --max-context or "
+           "add --nodes";
+  }
+  return "lower --max-context or add --nodes";
+}
+
+/// Divisors of the rank count (ulysses: also of kv_heads), ascending.
+std::vector<int> valid_override_degrees(const CostModel& cost, Scheme scheme) {
+  const int ranks = cost.cluster().ranks();
+  const int limit = scheme == Scheme::ulysses ? std::gcd(ranks, cost.model().kv_heads) : ranks;
+  std::vector<int> degrees;
+  for (int d = 1; d <= limit; ++d) {
+    if (limit % d == 0) degrees.push_back(d);
+  }
+  return degrees;
+}
+
+void check_override_valid(int degree, const CostModel& cost, Scheme scheme,
+                          const std::string& strategy) {
+  const std::vector<int> valid = valid_override_degrees(cost, scheme);
+  if (std::find(valid.begin(), valid.end(), degree) != valid.end()) return;
+  const std::string heads = scheme == Scheme::ulysses
+                                ? fmt::format(" and the model's {} KV heads", cost.model().kv_heads)
+                                : "";
+  throw InputError(
+      fmt::format("--degree {} is not valid for {}: it must divide the {} ranks{}; "
+                  "valid values: {}",
+                  degree, strategy, cost.cluster().ranks(), heads, join_ints(valid)));
+}
+
+}  // namespace
+
+std::vector<int> allowed_degrees(const CostModel& cost, Scheme scheme) {
+  const int ranks = cost.cluster().ranks();
+  std::vector<int> degrees;
+  for (int d = 1; d <= ranks && ranks % d == 0; d *= 2) {
+    if (scheme == Scheme::ulysses && cost.model().kv_heads % d != 0) break;
+    degrees.push_back(d);
+  }
+  return degrees;
+}
+
+bool fits_group(Tokens length_tokens, const CostModel& cost, Scheme scheme, int degree) {
+  return length_tokens <= max_sequence_tokens_at(cost, scheme, degree);
+}
+
+Tokens max_sequence_tokens(const CostModel& cost, Scheme scheme) {
+  Tokens longest = 0;
+  for (int d : allowed_degrees(cost, scheme)) {
+    longest = std::max(longest, max_sequence_tokens_at(cost, scheme, d));
+  }
+  return longest;
+}
+
+int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
+                   const std::string& strategy) {
+  const std::int64_t id = longest_sequence_id(batch);
+  const Tokens length = batch.lengths_tokens[static_cast<std::size_t>(id)];
+  const std::vector<int> degrees = allowed_degrees(cost, scheme);
+  for (int d : degrees) {
+    if (fits_group(length, cost, scheme, d)) return d;
+  }
+  const int largest = degrees.back();
+  throw PlanningError(fmt::format(
+      "{} cannot run sequence {} ({} tokens): degree {} groups hold {} tokens and {}; {}", strategy,
+      id, format_count(length), largest,
+      format_count(max_sequence_tokens_at(cost, scheme, largest)),
+      degree_limit_reason(cost, scheme, largest), what_to_do(scheme)));
+}
+
+int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+                   Scheme scheme, const std::string& strategy) {
+  if (!options.degree) return default_degree(batch, cost, scheme, strategy);
+  const int degree = *options.degree;
+  check_override_valid(degree, cost, scheme, strategy);
+  const std::int64_t id = longest_sequence_id(batch);
+  const Tokens length = batch.lengths_tokens[static_cast<std::size_t>(id)];
+  if (fits_group(length, cost, scheme, degree)) return degree;
+  std::vector<int> fitting;
+  for (int d : valid_override_degrees(cost, scheme)) {
+    if (fits_group(length, cost, scheme, d)) fitting.push_back(d);
+  }
+  const std::string fix = fitting.empty() ? "no valid degree holds it; " + what_to_do(scheme)
+                                          : fmt::format("use --degree {} (or any of: {})",
+                                                        fitting.front(), join_ints(fitting));
+  throw PlanningError(fmt::format(
+      "{} cannot run sequence {} ({} tokens) at --degree {}: degree-{} groups hold {} tokens; {}",
+      strategy, id, format_count(length), degree, degree,
+      format_count(max_sequence_tokens_at(cost, scheme, degree)), fix));
+}
+
+}  // namespace ballast::strategies

@@ -1,0 +1,172 @@
+// hybrid-dp (ByteScale / Megatron dynamic CP): each sequence gets the smallest
+// power-of-two ring degree that fits memory, placed on buddy-aligned rank blocks by LPT
+// over the FLOP proxy s^2/d, then into per-rank micro-batches that respect memory.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "ballast/error.hpp"
+#include "builders.hpp"
+
+namespace ballast::strategies {
+
+namespace {
+
+constexpr const char* kName = "hybrid-dp";
+
+struct Placement {
+  std::int64_t sequence_id = 0;
+  Tokens length_tokens = 0;
+  int degree = 1;         ///< d_s; 1 = local
+  double flop_proxy = 0;  ///< s^2 / d_s
+  int first_rank = 0;     ///< block [first_rank, first_rank + degree)
+  int micro_batch = 0;
+};
+
+/// Smallest power-of-two degree whose ring holds the sequence (padded); PlanningError if none.
+int sequence_degree(std::int64_t id, Tokens length, Tokens ring_tokens_per_rank, int ranks) {
+  for (int degree = 1; degree <= ranks; degree *= 2) {
+    if (static_cast<Tokens>(degree) * ring_tokens_per_rank >=
+        footprint_tokens(length, Scheme::ring, degree)) {
+      return degree;
+    }
+  }
+  const int largest = static_cast<int>(next_power_of_two(ranks + 1) / 2);
+  const Tokens held = largest * ring_tokens_per_rank / (2 * largest) * (2 * largest);
+  throw PlanningError(fmt::format(
+      "{} cannot run sequence {} ({} tokens): the largest ring ({} of the {} ranks) holds {} "
+      "tokens; lower --max-context or add --nodes",
+      kName, id, format_count(length), largest, ranks, format_count(held)));
+}
+
+/// Sequences with their degrees, in placement order: proxy descending, id ascending.
+std::vector<Placement> placement_order(const Batch& batch, Tokens ring_tokens_per_rank, int ranks) {
+  std::vector<Placement> placements;
+  for (std::size_t id = 0; id < batch.lengths_tokens.size(); ++id) {
+    const Tokens length = batch.lengths_tokens[id];
+    const auto sequence_id = static_cast<std::int64_t>(id);
+    const int degree = sequence_degree(sequence_id, length, ring_tokens_per_rank, ranks);
+    const auto length_d = static_cast<double>(length);
+    placements.push_back({sequence_id, length, degree, length_d * length_d / degree, 0, 0});
+  }
+  std::stable_sort(placements.begin(), placements.end(),
+                   [](const Placement& a, const Placement& b) {
+                     return a.flop_proxy > b.flop_proxy;  // stable: ids stay ascending on ties
+                   });
+  return placements;
+}
+
+/// LPT: the buddy-aligned block with the smallest maximum proxy load (ties: lowest start).
+void place_blocks(std::vector<Placement>& placements, int ranks) {
+  std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
+  for (Placement& placement : placements) {
+    const int degree = placement.degree;
+    double best_load = 0;
+    int best_start = -1;
+    for (int start = 0; start + degree <= ranks; start += degree) {
+      const double block_load =
+          *std::max_element(load.begin() + start, load.begin() + start + degree);
+      if (best_start < 0 || block_load < best_load) {
+        best_load = block_load;
+        best_start = start;
+      }
+    }
+    placement.first_rank = best_start;
+    for (int r = best_start; r < best_start + degree; ++r)
+      load[static_cast<std::size_t>(r)] += placement.flop_proxy;
+  }
+}
+
+/// Smallest micro-batch index where every rank of the block still has room.
+void assign_micro_batches(std::vector<Placement>& placements, int ranks, Tokens tokens_per_rank) {
+  std::vector<std::vector<Tokens>> used(static_cast<std::size_t>(ranks));
+  for (Placement& placement : placements) {
+    const Tokens tokens =
+        footprint_tokens(placement.length_tokens, Scheme::ring, placement.degree) /
+        placement.degree;
+    auto has_room = [&](std::size_t m) {
+      for (int r = placement.first_rank; r < placement.first_rank + placement.degree; ++r) {
+        const auto& rank_used = used[static_cast<std::size_t>(r)];
+        if (m < rank_used.size() && rank_used[m] + tokens > tokens_per_rank) return false;
+      }
+      return true;
+    };
+    std::size_t m = 0;
+    while (!has_room(m)) ++m;
+    for (int r = placement.first_rank; r < placement.first_rank + placement.degree; ++r) {
+      auto& rank_used = used[static_cast<std::size_t>(r)];
+      if (rank_used.size() <= m) rank_used.resize(m + 1, 0);
+      rank_used[m] += tokens;
+    }
+    placement.micro_batch = static_cast<int>(m);
+  }
+}
+
+/// Micro-batch m: ring groups (degree descending, then placement order), then one local
+/// group per rank (by rank) with its sequences in placement order.
+MicroBatch build_micro_batch(const std::vector<Placement>& placements, int m, int ranks) {
+  std::vector<const Placement*> rings;
+  std::vector<AttentionGroup> locals(static_cast<std::size_t>(ranks));
+  for (const Placement& placement : placements) {
+    if (placement.micro_batch != m) continue;
+    if (placement.degree > 1) {
+      rings.push_back(&placement);
+      continue;
+    }
+    locals[static_cast<std::size_t>(placement.first_rank)].sequences.push_back(
+        whole_sequence(placement.sequence_id, placement.length_tokens, placement.first_rank));
+  }
+  std::stable_sort(rings.begin(), rings.end(),
+                   [](const Placement* a, const Placement* b) { return a->degree > b->degree; });
+  MicroBatch micro_batch;
+  for (const Placement* ring : rings) {
+    AttentionGroup group;
+    group.scheme = Scheme::ring;
+    group.ranks = consecutive_ranks(ring->first_rank, ring->degree);
+    group.sequences.push_back({ring->sequence_id,
+                               zigzag_padded_length(ring->length_tokens, ring->degree),
+                               zigzag_chunks_padded(ring->length_tokens, group.ranks)});
+    micro_batch.groups.push_back(std::move(group));
+  }
+  for (int rank = 0; rank < ranks; ++rank) {
+    AttentionGroup& local = locals[static_cast<std::size_t>(rank)];
+    if (local.sequences.empty()) continue;
+    local.scheme = Scheme::local;
+    local.ranks = {rank};
+    micro_batch.groups.push_back(std::move(local));
+  }
+  return micro_batch;
+}
+
+class HybridDpPlanner final : public Planner {
+ public:
+  std::string name() const override { return kName; }
+  std::string description() const override {
+    return "ByteScale / Megatron dynamic CP: short sequences data-parallel, long ones on "
+           "power-of-two rings, FLOP-balanced (s^2/d)";
+  }
+  Plan plan(const Batch& batch, const CostModel& cost,
+            const PlannerOptions& /*options: the degree is per sequence*/) const override {
+    Plan plan = make_plan_skeleton(batch, cost, kName);
+    const int ranks = cost.cluster().ranks();
+    // The ring budget also bounds local sequences, so one rank may mix both in a micro-batch.
+    const Tokens tokens_per_rank = usable_tokens_per_rank(cost, Scheme::ring, 2);
+    std::vector<Placement> placements = placement_order(batch, tokens_per_rank, ranks);
+    place_blocks(placements, ranks);
+    assign_micro_batches(placements, ranks, tokens_per_rank);
+    int micro_batches = 0;
+    for (const Placement& placement : placements) {
+      micro_batches = std::max(micro_batches, placement.micro_batch + 1);
+    }
+    for (int m = 0; m < micro_batches; ++m) {
+      plan.micro_batches.push_back(build_micro_batch(placements, m, ranks));
+    }
+    return plan;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Planner> make_hybrid_dp_planner() { return std::make_unique<HybridDpPlanner>(); }
+
+}  // namespace ballast::strategies

@@ -1,0 +1,276 @@
+// Cluster and Model: presets, derived quantities, JSON round trips, malformed input.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "ballast/cluster.hpp"
+#include "ballast/error.hpp"
+#include "ballast/model.hpp"
+
+namespace ballast {
+namespace {
+
+/// Runs `action`, expects an InputError whose message contains every string in `parts`.
+template <typename Action>
+void expect_input_error(Action action, std::initializer_list<std::string> parts) {
+  try {
+    action();
+    ADD_FAILURE() << "expected an InputError";
+  } catch (const InputError& error) {
+    const std::string message = error.what();
+    for (const std::string& part : parts) {
+      EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+    }
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "message must be one line: " << message;
+  }
+}
+
+std::string write_temp_json(const std::string& name, const nlohmann::json& json) {
+  const std::string path = ::testing::TempDir() + "ballast_test_cost_" + name + ".json";
+  std::ofstream(path) << json.dump(1);
+  return path;
+}
+
+TEST(ClusterPresets, NamesInOrderAndAllValid) {
+  const std::vector<std::string> expected = {"a100-ib400", "a800-roce", "h100", "h200"};
+  EXPECT_EQ(cluster_preset_names(), expected);
+  for (const std::string& name : cluster_preset_names()) {
+    const Cluster cluster = cluster_preset(name);
+    EXPECT_EQ(cluster.name, name);
+    EXPECT_NO_THROW(validate_cluster(cluster, name));
+    EXPECT_FALSE(cluster.provenance.empty());
+    EXPECT_EQ(cluster.ranks(), 64);
+  }
+}
+
+TEST(ClusterPresets, HardwareConstants) {
+  const Cluster a100 = cluster_preset("a100-ib400");
+  EXPECT_EQ(a100.nics_per_node, 1);
+  EXPECT_EQ(a100.gpus_per_nic(), 8);
+  EXPECT_DOUBLE_EQ(a100.memory_usable_fraction * a100.gpu_memory_bytes, 30.0 * kGiB);
+  const Cluster a800 = cluster_preset("a800-roce");
+  EXPECT_EQ(a800.gpus_per_nic(), 2);
+  EXPECT_DOUBLE_EQ(a800.nic_bw_bytes_per_s, 24e9);
+  const Cluster h100 = cluster_preset("h100");
+  EXPECT_EQ(h100.gpus_per_nic(), 1);
+  EXPECT_DOUBLE_EQ(h100.attention_efficiency, 680.0 / 989.0);
+  const Cluster h200 = cluster_preset("h200");
+  EXPECT_DOUBLE_EQ(h200.intra_node_bus_bw_bytes_per_s, 367e9);
+  EXPECT_EQ(h200.gpu_memory_bytes, static_cast<Bytes>(141 * kGiB));
+}
+
+TEST(ClusterTopology, NodeAndNicMapping) {
+  const Cluster a800 = cluster_preset("a800-roce");
+  EXPECT_EQ(a800.node_of(9), 1);
+  EXPECT_EQ(a800.nic_of(0), 0);
+  EXPECT_EQ(a800.nic_of(1), 0);
+  EXPECT_EQ(a800.nic_of(2), 1);
+  EXPECT_EQ(a800.nic_of(9), 4);
+  EXPECT_TRUE(a800.same_node(8, 15));
+  EXPECT_FALSE(a800.same_node(7, 8));
+}
+
+TEST(ClusterJson, RoundTripEveryPreset) {
+  for (const std::string& name : cluster_preset_names()) {
+    const Cluster cluster = cluster_preset(name);
+    const nlohmann::json json = to_json(cluster);
+    EXPECT_EQ(to_json(cluster_from_json(json, "test")), json) << name;
+  }
+}
+
+TEST(ClusterJson, ProvenanceIsOptional) {
+  nlohmann::json json = to_json(cluster_preset("h100"));
+  json.erase("provenance");
+  EXPECT_EQ(cluster_from_json(json, "test").provenance, "");
+}
+
+TEST(ClusterJson, MissingFieldNamesSourceAndField) {
+  nlohmann::json json = to_json(cluster_preset("h100"));
+  json.erase("nic_bw_bytes_per_s");
+  expect_input_error([&] { cluster_from_json(json, "my.json"); }, {"my.json", "nic_bw_bytes_per_s"});
+}
+
+TEST(ClusterJson, WrongTypeNamesField) {
+  nlohmann::json json = to_json(cluster_preset("h100"));
+  json["nodes"] = "eight";
+  expect_input_error([&] { cluster_from_json(json, "my.json"); }, {"my.json", "nodes"});
+  expect_input_error([&] { cluster_from_json(nlohmann::json::array(), "list.json"); }, {"list.json"});
+}
+
+TEST(ClusterJson, NicsMustDivideGpus) {
+  nlohmann::json json = to_json(cluster_preset("a800-roce"));
+  json["nics_per_node"] = 3;
+  expect_input_error([&] { cluster_from_json(json, "my.json"); }, {"my.json", "nics_per_node"});
+}
+
+TEST(ClusterValidation, EveryImpossibleField) {
+  using Mutation = void (*)(Cluster&);
+  const std::vector<std::pair<std::string, Mutation>> cases = {
+      {"nodes", [](Cluster& c) { c.nodes = 0; }},
+      {"gpus_per_node", [](Cluster& c) { c.gpus_per_node = 0; }},
+      {"nics_per_node", [](Cluster& c) { c.nics_per_node = 0; }},
+      {"gpu_memory_bytes", [](Cluster& c) { c.gpu_memory_bytes = 0; }},
+      {"peak_flops_per_s", [](Cluster& c) { c.peak_flops_per_s = -1; }},
+      {"matmul_efficiency", [](Cluster& c) { c.matmul_efficiency = 1.5; }},
+      {"attention_efficiency", [](Cluster& c) { c.attention_efficiency = 0; }},
+      {"attention_tile_tokens", [](Cluster& c) { c.attention_tile_tokens = 0; }},
+      {"memory_usable_fraction", [](Cluster& c) { c.memory_usable_fraction = 0; }},
+      {"intra_node_bus_bw_bytes_per_s", [](Cluster& c) { c.intra_node_bus_bw_bytes_per_s = 0; }},
+      {"intra_node_p2p_bw_bytes_per_s", [](Cluster& c) { c.intra_node_p2p_bw_bytes_per_s = 0; }},
+      {"intra_node_latency_s", [](Cluster& c) { c.intra_node_latency_s = -1e-6; }},
+      {"nic_bw_bytes_per_s", [](Cluster& c) { c.nic_bw_bytes_per_s = 0; }},
+      {"inter_node_latency_s", [](Cluster& c) { c.inter_node_latency_s = -1e-6; }},
+      {"nodes", [](Cluster& c) { c.nodes = 10000; }},  // 80,000 ranks > 65,536
+      {"name", [](Cluster& c) { c.name.clear(); }},
+  };
+  for (const auto& [field, mutate] : cases) {
+    Cluster cluster = cluster_preset("h100");
+    mutate(cluster);
+    expect_input_error([&] { validate_cluster(cluster, "src"); }, {"src", field});
+  }
+}
+
+TEST(LoadCluster, PresetFileAndNodesOverride) {
+  EXPECT_EQ(load_cluster("h100").nodes, 8);
+  const Cluster two = load_cluster("h100", 2);
+  EXPECT_EQ(two.nodes, 2);
+  EXPECT_EQ(two.ranks(), 16);
+  expect_input_error([] { load_cluster("h100", 0); }, {"nodes", ">= 1"});
+
+  nlohmann::json json = to_json(cluster_preset("a800-roce"));
+  json["name"] = "my-cluster";
+  const std::string path = write_temp_json("cluster", json);
+  const Cluster from_file = load_cluster(path, 3);
+  EXPECT_EQ(from_file.name, "my-cluster");
+  EXPECT_EQ(from_file.nodes, 3);
+  std::filesystem::remove(path);
+}
+
+TEST(LoadCluster, UnknownListsPresets) {
+  expect_input_error([] { load_cluster("dgx-z9"); },
+                     {"dgx-z9", "a100-ib400", "a800-roce", "h100", "h200"});
+  expect_input_error([] { cluster_preset("dgx-z9"); }, {"dgx-z9", "a100-ib400", "h200"});
+}
+
+TEST(LoadCluster, BundledExampleFileLoads) {
+  const Cluster cluster =
+      load_cluster(std::string(BALLAST_SOURCE_DIR) + "/data/presets/example-cluster.json");
+  EXPECT_EQ(cluster.name, "example-cluster");
+}
+
+TEST(ModelPresets, NamesInOrderAndAllValid) {
+  const std::vector<std::string> expected = {"gpt-7b",   "gpt-13b",   "gpt-30b",   "llama-3b",
+                                             "llama-7b", "llama3-8b", "llama-13b", "llama-30b"};
+  EXPECT_EQ(model_preset_names(), expected);
+  for (const std::string& name : model_preset_names()) {
+    const Model model = model_preset(name);
+    EXPECT_EQ(model.name, name);
+    EXPECT_NO_THROW(validate_model(model, name));
+    EXPECT_FALSE(model.provenance.empty());
+  }
+}
+
+TEST(ModelPresets, FlexSPTableValues) {
+  const Model gpt7 = model_preset("gpt-7b");
+  EXPECT_DOUBLE_EQ(gpt7.activation_bytes_per_token, 4.48 * kMiB);
+  EXPECT_DOUBLE_EQ(gpt7.parameters, 7.117 * kGiB);
+  EXPECT_FALSE(gpt7.gated_mlp);
+  EXPECT_EQ(gpt7.ffn_hidden, 4 * 4096);
+  EXPECT_EQ(gpt7.head_dim(), 64);
+  EXPECT_DOUBLE_EQ(model_preset("gpt-30b").parameters, 31.525 * kGiB);
+}
+
+TEST(ModelPresets, LlamaShapesAndEstimates) {
+  const Model llama7 = model_preset("llama-7b");
+  // Llama-2-7B has 6,738,415,616 parameters (Hugging Face config, untied embeddings).
+  EXPECT_DOUBLE_EQ(llama7.parameters, 6738415616.0);
+  // 34 * h * L bytes (Korthikanti et al. 2022): 4.25 MiB, close to FlexSP's 4.48 MB.
+  EXPECT_DOUBLE_EQ(llama7.activation_bytes_per_token, 34.0 * 4096 * 32);
+  const Model llama8 = model_preset("llama3-8b");
+  EXPECT_EQ(llama8.kv_dim(), 1024);
+  // Llama-3-8B: 8,030,261,248 parameters.
+  EXPECT_DOUBLE_EQ(llama8.parameters, 8030261248.0);
+  EXPECT_EQ(model_preset("llama-30b").head_dim(), 128);
+}
+
+TEST(ModelDerived, FlopsAndBytesPerToken) {
+  const Model llama8 = model_preset("llama3-8b");
+  const double h = 4096, kv = 1024, ffn = 14336, layers = 32, vocab = 128256;
+  const double qkv = h * h + 2 * h * kv;
+  const double per_layer = qkv + h * h + 3 * h * ffn;
+  const double expected = 2 * per_layer * layers + 2 * h * vocab;
+  EXPECT_DOUBLE_EQ(llama8.linear_flops_per_token(), expected);
+  EXPECT_DOUBLE_EQ(llama8.qkv_flops_fraction(), 2 * qkv * layers / expected);
+  EXPECT_EQ(llama8.kv_bytes_per_token(), 2 * 1024 * 2);
+  EXPECT_EQ(llama8.qkv_bytes_per_token(), (4096 + 2 * 1024) * 2);
+  EXPECT_EQ(llama8.hidden_bytes_per_token(), 4096 * 2);
+
+  const Model gpt7 = model_preset("gpt-7b");  // GELU MLP: two matrices
+  const double gpt_layer = 4 * 4096.0 * 4096 + 2 * 4096.0 * 16384;
+  EXPECT_DOUBLE_EQ(gpt7.linear_flops_per_token(), 2 * gpt_layer * 32 + 2 * 4096.0 * 50257);
+}
+
+TEST(ModelParameters, TiedEmbeddingsCountOnce) {
+  const Model model = model_preset("llama-3b");
+  EXPECT_DOUBLE_EQ(estimate_parameters(model, false) - estimate_parameters(model, true),
+                   3072.0 * 128256);
+}
+
+TEST(ModelJson, RoundTripEveryPreset) {
+  for (const std::string& name : model_preset_names()) {
+    const nlohmann::json json = to_json(model_preset(name));
+    EXPECT_EQ(to_json(model_from_json(json, "test")), json) << name;
+  }
+}
+
+TEST(ModelJson, MalformedInput) {
+  nlohmann::json json = to_json(model_preset("llama-7b"));
+  json.erase("ffn_hidden");
+  expect_input_error([&] { model_from_json(json, "m.json"); }, {"m.json", "ffn_hidden"});
+  json = to_json(model_preset("llama-7b"));
+  json["gated_mlp"] = 3.5;
+  expect_input_error([&] { model_from_json(json, "m.json"); }, {"m.json", "gated_mlp"});
+}
+
+TEST(ModelValidation, ImpossibleShapes) {
+  using Mutation = void (*)(Model&);
+  const std::vector<std::pair<std::string, Mutation>> cases = {
+      {"layers", [](Model& m) { m.layers = 0; }},
+      {"hidden", [](Model& m) { m.hidden = -4096; }},
+      {"heads", [](Model& m) { m.heads = 0; }},
+      {"heads", [](Model& m) { m.heads = 3; }},  // does not divide 4096
+      {"kv_heads", [](Model& m) { m.kv_heads = 0; }},
+      {"kv_heads", [](Model& m) { m.kv_heads = 5; }},  // does not divide 32
+      {"ffn_hidden", [](Model& m) { m.ffn_hidden = 0; }},
+      {"vocab", [](Model& m) { m.vocab = 0; }},
+      {"bytes_per_element", [](Model& m) { m.bytes_per_element = 0; }},
+      {"activation_bytes_per_token", [](Model& m) { m.activation_bytes_per_token = 0; }},
+      {"parameters", [](Model& m) { m.parameters = 0; }},
+      {"name", [](Model& m) { m.name.clear(); }},
+  };
+  for (const auto& [field, mutate] : cases) {
+    Model model = model_preset("llama-7b");
+    mutate(model);
+    expect_input_error([&] { validate_model(model, "src"); }, {"src", field});
+  }
+}
+
+TEST(LoadModel, PresetFileAndUnknown) {
+  EXPECT_EQ(load_model("gpt-13b").layers, 40);
+  nlohmann::json json = to_json(model_preset("llama-7b"));
+  json["name"] = "my-model";
+  const std::string path = write_temp_json("model", json);
+  EXPECT_EQ(load_model(path).name, "my-model");
+  std::filesystem::remove(path);
+  expect_input_error([] { load_model("gpt-5"); }, {"gpt-5", "gpt-7b", "llama-30b"});
+  expect_input_error([] { model_preset("gpt-5"); }, {"gpt-5", "llama3-8b"});
+  const Model example =
+      load_model(std::string(BALLAST_SOURCE_DIR) + "/data/presets/example-model.json");
+  EXPECT_EQ(example.name, "example-model");
+}
+
+}  // namespace
+}  // namespace ballast

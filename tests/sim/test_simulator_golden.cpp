@@ -1,0 +1,286 @@
+// Golden timelines: small hand-made plans under FakeCostModel (sim_fixtures.hpp) whose
+// step time and per-rank busy / exposed / idle times are computed by hand in comments.
+// Units in comments are ms; f = qkv_flops_fraction() = 1/4, so a linear pass over n tokens
+// splits into "qkv" f * n * 0.01 ms and "out+mlp" (1 - f) * n * 0.01 ms (x2 backward).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "ballast/simulator.hpp"
+#include "sim/sim_fixtures.hpp"
+
+namespace ballast {
+namespace {
+
+using testing::fake_cluster;
+using testing::fake_model;
+using testing::FakeCostModel;
+
+constexpr double kTolerance_s = 1e-12;
+constexpr double ms(double milliseconds) { return milliseconds * 1e-3; }
+
+void expect_rank(const SimulationReport& report, int rank, double busy_ms, double exposed_ms,
+                 double idle_ms) {
+  SCOPED_TRACE("rank " + std::to_string(rank));
+  const RankTimes& times = report.ranks.at(static_cast<std::size_t>(rank));
+  EXPECT_NEAR(times.busy_s, ms(busy_ms), kTolerance_s);
+  EXPECT_NEAR(times.exposed_communication_s, ms(exposed_ms), kTolerance_s);
+  EXPECT_NEAR(times.idle_s, ms(idle_ms), kTolerance_s);
+}
+
+/// Start of the first trace event of `rank` whose name is `name`; -1 if none.
+double start_of(const SimulationReport& report, int rank, const std::string& name,
+                const std::string& lane = "") {
+  for (const TraceEvent& event : report.trace) {
+    if (event.rank == rank && event.name == name && (lane.empty() || event.lane == lane)) {
+      return event.start_s;
+    }
+  }
+  return -1;
+}
+
+SimulationReport run(const Plan& plan, const CostModel& cost) {
+  const SimulationReport report = simulate(plan, cost, {.record_trace = true});
+  // The lower bound holds on every golden plan.
+  EXPECT_LE(report.lower_bound.time_s, report.step_time_s + kTolerance_s);
+  return report;
+}
+
+class SimulatorGolden : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_DOUBLE_EQ(fake_model().qkv_flops_fraction(), 0.25); }
+};
+
+TEST_F(SimulatorGolden, TwoLocalGroupsWithUnequalWorkShowImbalanceAndIdle) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  Plan plan = testing::empty_plan(cost, {100, 50});
+  plan.micro_batches.push_back(
+      {{testing::local_group(0, 0, 100), testing::local_group(1, 1, 50)}, {}, {}});
+  const SimulationReport report = run(plan, cost);
+  // rank 0: linear 100 tokens 1 + 2, attention 5050 pairs 5.05 + 10.1 -> busy 18.15
+  // rank 1: linear 50 tokens 0.5 + 1, attention 1275 pairs 1.275 + 2.55 -> busy 5.325
+  // the gradient sync (5) starts when rank 0 is done: step = 18.15 + 5 = 23.15
+  EXPECT_NEAR(report.step_time_s, ms(23.15), kTolerance_s);
+  expect_rank(report, 0, 18.15, 5, 0);
+  expect_rank(report, 1, 5.325, 5, 23.15 - 5.325 - 5);
+  EXPECT_NEAR(report.imbalance, 18.15 / ((18.15 + 5.325) / 2), 1e-12);
+  EXPECT_NEAR(report.exposed_communication_fraction, 10 / (2 * 23.15), 1e-12);
+  EXPECT_EQ(report.micro_batches, 1);
+  EXPECT_NEAR(report.gradient_sync_s, ms(5), kTolerance_s);
+  EXPECT_EQ(report.strategy, "hand");
+}
+
+/// One sequence of `length` zigzag-split over ring [0, 1]: rank 0 holds quarters 0 and 3.
+Plan two_rank_ring(const CostModel& cost, Tokens length) {
+  const Tokens q = length / 4;
+  Plan plan = testing::empty_plan(cost, {length});
+  plan.micro_batches.push_back(
+      {{testing::make_group(
+           Scheme::ring, {0, 1},
+           {{0, {{0, 0, q}, {1, q, 2 * q}, {1, 2 * q, 3 * q}, {0, 3 * q, 4 * q}}}})},
+       {},
+       {}});
+  return plan;
+}
+
+TEST_F(SimulatorGolden, RingHidesForwardCommunicationBehindLongSteps) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  const SimulationReport report = run(two_rank_ring(cost, 400), cost);
+  // Quarters A=[0,100) D=[300,400) on rank 0, B, C on rank 1. Step 0 (own KV):
+  // A.A 5050 + D.A 10000 + D.D 5050 = 20100 pairs (rank 1 alike); step 1: D.B + D.C (rank 1:
+  // B.A + C.A) = 20000 pairs. Linear 200 tokens per rank: 2 fwd, 4 bwd.
+  // fwd: qkv 0.5; sends [0.5, 2.5] hidden under step 0 [0.5, 20.6]; step 1 [20.6, 40.6];
+  //      out 1.5 -> 42.1
+  // bwd: out 3 -> 45.1; step 0 40.2 -> 85.3; send kv+dkv [85.3, 87.3] exposed; step 1 40
+  //      -> 127.3; dkv home [127.3, 129.3] exposed; qkv 1 -> 130.3; sync -> 135.3
+  EXPECT_NEAR(report.step_time_s, ms(135.3), kTolerance_s);
+  // busy 6 + 40.1 + 80.2 = 126.3; exposed 2 + 2 + 5 (sync); idle 0
+  expect_rank(report, 0, 126.3, 9, 0);
+  expect_rank(report, 1, 126.3, 9, 0);
+  EXPECT_NEAR(report.ranks[0].communication_s, ms(11), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "ring kv fwd g2 step 0", "recv"), ms(0.5), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "attention fwd ring g2 step 1"), ms(20.6), kTolerance_s);
+}
+
+TEST_F(SimulatorGolden, RingExposesCommunicationWhenStepsAreShort) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  const SimulationReport report = run(two_rank_ring(cost, 40), cost);
+  // Quarters of 10 tokens: step 0 55 + 100 + 55 = 210 pairs (0.21), step 1 200 pairs (0.2).
+  // Linear 20 tokens: 0.2 fwd, 0.4 bwd.
+  // fwd: qkv 0.05; send [0.05, 2.05]; step 0 [0.05, 0.26]; step 1 waits for the block:
+  //      [2.05, 2.25]; out 0.15 -> 2.4 (exposed 2.05 - 0.26 = 1.79)
+  // bwd: out 0.3 -> 2.7; step 0 0.42 -> 3.12; send [3.12, 5.12]; step 1 0.4 -> 5.52;
+  //      dkv home [5.52, 7.52]; qkv 0.1 -> 7.62; sync -> 12.62
+  EXPECT_NEAR(report.step_time_s, ms(12.62), kTolerance_s);
+  // busy 0.6 + 0.41 + 0.82 = 1.83; exposed 1.79 + 2 + 2 + 5 = 10.79; idle 0
+  expect_rank(report, 0, 1.83, 10.79, 0);
+  expect_rank(report, 1, 1.83, 10.79, 0);
+  EXPECT_NEAR(start_of(report, 0, "attention fwd ring g2 step 1"), ms(2.05), kTolerance_s);
+}
+
+TEST_F(SimulatorGolden, UlyssesGroupRunsTwoAllToAllsPerPass) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  Plan plan = testing::empty_plan(cost, {100, 20});
+  plan.micro_batches.push_back(
+      {{testing::make_group(Scheme::ulysses, {0, 1},
+                            {{0, {{0, 0, 50}, {1, 50, 100}}}, {1, {{0, 0, 20}}}})},
+       {},
+       {}});
+  const SimulationReport report = run(plan, cost);
+  // rank 0 holds 70 tokens (linear 0.7 fwd, 1.4 bwd), rank 1 50 (0.5, 1.0). Attention on
+  // both: (5050 + 210) pairs / 2 heads-split = 2.63 fwd, 5.26 bwd.
+  // fwd: a2a qkv starts when rank 0 is there (0.175): [0.175, 3.175]; attention -> 5.805;
+  //      a2a out [5.805, 8.805]; out: rank 0 0.525 -> 9.33, rank 1 0.375 -> 9.18
+  // bwd: out rank 0 1.05 -> 10.38 (rank 1 0.75 -> 9.93); a2a dout [10.38, 13.38];
+  //      attention 5.26 -> 18.64; a2a dqkv [18.64, 21.64]; qkv rank 0 0.35 -> 21.99
+  //      (rank 1 0.25 -> 21.89); sync [21.99, 26.99]
+  EXPECT_NEAR(report.step_time_s, ms(26.99), kTolerance_s);
+  // rank 0: busy 2.1 + 7.89 = 9.99, exposed 4 x 3 + 5 = 17, idle 0
+  // rank 1: busy 1.5 + 7.89 = 9.39, exposed 17, idle 26.99 - 9.39 - 17 = 0.6
+  expect_rank(report, 0, 9.99, 17, 0);
+  expect_rank(report, 1, 9.39, 17, 0.6);
+  EXPECT_NEAR(start_of(report, 1, "all-to-all qkv fwd"), ms(0.175), kTolerance_s);
+}
+
+TEST_F(SimulatorGolden, AllGatherGroupGathersKvTwiceAndReduceScatters) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  Plan plan = testing::empty_plan(cost, {100});
+  plan.micro_batches.push_back(
+      {{testing::make_group(Scheme::all_gather, {0, 1},
+                            {{0, {{0, 0, 25}, {1, 25, 75}, {0, 75, 100}}}})},
+       {},
+       {}});
+  const SimulationReport report = run(plan, cost);
+  // Head-tail chunks, 50 tokens each (linear 0.5 fwd, 1 bwd). Attention rank 0:
+  // [0,25)x[0,25) 325 + [75,100)x[0,100) 2200 = 2525 pairs; rank 1: [25,75)x[0,75) 2525.
+  // fwd: qkv 0.125; all-gather [0.125, 4.125]; attention 2.525 -> 6.65; out 0.375 -> 7.025
+  // bwd: out 0.75 -> 7.775; all-gather [7.775, 11.775]; attention 5.05 -> 16.825;
+  //      reduce-scatter [16.825, 20.825]; qkv 0.25 -> 21.075; sync -> 26.075
+  EXPECT_NEAR(report.step_time_s, ms(26.075), kTolerance_s);
+  // busy 1.5 + 7.575 = 9.075; exposed 4 + 4 + 4 + 5 = 17; idle 0
+  expect_rank(report, 0, 9.075, 17, 0);
+  expect_rank(report, 1, 9.075, 17, 0);
+  EXPECT_NEAR(start_of(report, 0, "reduce-scatter dkv bwd"), ms(16.825), kTolerance_s);
+}
+
+TEST_F(SimulatorGolden, MicroBatchesAreNoGlobalBarrier) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  cost.overhead_forward_s = ms(0.1);
+  Plan plan = testing::empty_plan(cost, {10, 100, 10});
+  plan.micro_batches.push_back(
+      {{testing::local_group(0, 0, 10), testing::local_group(1, 1, 100)}, {}, {}});
+  plan.micro_batches.push_back({{testing::local_group(0, 2, 10)}, {}, {}});
+  const SimulationReport report = run(plan, cost);
+  // rank 0, per micro-batch: overhead 0.1 + 0.2, linear 0.1 + 0.2, attention 0.055 + 0.11
+  //   = 0.765; it starts micro-batch 1 at 0.765 and ends at 1.53
+  // rank 1, micro-batch 0 only: overhead 0.3, linear 1 + 2, attention 5.05 + 10.1 = 18.45;
+  //   it skips micro-batch 1 entirely
+  // sync [18.45, 23.45] (a barrier after micro-batch 0 would give 18.45 + 0.765 + 5)
+  EXPECT_NEAR(report.step_time_s, ms(23.45), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "overhead fwd"), 0, kTolerance_s);
+  double second_overhead_s = -1;
+  for (const TraceEvent& event : report.trace) {
+    if (event.rank == 0 && event.name == "overhead fwd" && event.micro_batch == 1) {
+      second_overhead_s = event.start_s;
+    }
+    EXPECT_FALSE(event.rank == 1 && event.micro_batch == 1);
+  }
+  EXPECT_NEAR(second_overhead_s, ms(0.765), kTolerance_s);
+  expect_rank(report, 0, 1.53, 5, 23.45 - 1.53 - 5);
+  expect_rank(report, 1, 18.45, 5, 0);
+  EXPECT_EQ(report.micro_batches, 2);
+}
+
+/// Rings [0, 2] and [1, 3] across two nodes of two GPUs, one sequence of 40 tokens each,
+/// halves [0, 20) on the first rank and [20, 40) on the second.
+Plan two_cross_node_rings(const CostModel& cost) {
+  Plan plan = testing::empty_plan(cost, {40, 40});
+  plan.micro_batches.push_back(
+      {{testing::make_group(Scheme::ring, {0, 2}, {{0, {{0, 0, 20}, {2, 20, 40}}}}),
+        testing::make_group(Scheme::ring, {1, 3}, {{1, {{1, 0, 20}, {3, 20, 40}}}})},
+       {},
+       {}});
+  return plan;
+}
+
+TEST_F(SimulatorGolden, TransfersSharingOneNicSerialize) {
+  FakeCostModel cost(fake_cluster(2, 2, 1), fake_model());  // 2 GPUs per NIC
+  const SimulationReport report = run(two_cross_node_rings(cost), cost);
+  // Per rank: linear 20 tokens (qkv 0.05 / out 0.15 fwd, out 0.3 / qkv 0.1 bwd). First
+  // ring rank: step 0 210 pairs (0.21 fwd, 0.42 bwd), step 1 none; second: 0.21/0.42 and
+  // 400 pairs (0.4, 0.8). Node 0's NIC carries 0->2 and 1->3, node 1's 2->0 and 3->1.
+  // fwd: 0->2, 2->0 [0.05, 2.05]; 1->3, 3->1 wait: [2.05, 4.05].
+  //      ends: r0 2.05 + 0.15 = 2.2, r2 2.45 + 0.15 = 2.6, r1 4.2, r3 4.6
+  // bwd: r0 out -> 2.5, step 0 -> 2.92, send 0->2 waits the NIC until 4.05: [4.05, 6.05]
+  //      r2 -> 3.32, send 2->0 [4.05, 6.05]; r1 -> 4.92, 1->3 [6.05, 8.05];
+  //      r3 -> 5.32, 3->1 [6.05, 8.05]
+  //      r0 step 1 (empty) at 6.05, dkv 0->2 ready 6.05, NIC busy: [8.05, 10.05]
+  //      r2 step 1 [6.05, 6.85], dkv 2->0 [8.05, 10.05]
+  //      r1 step 1 at 8.05, dkv 1->3 [10.05, 12.05]; r3 step 1 [8.05, 8.85], 3->1 [10.05, 12.05]
+  //      r1 ends at 12.05 + qkv 0.1 = 12.15; sync -> 17.15
+  EXPECT_NEAR(report.step_time_s, ms(17.15), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "ring kv fwd g2 step 0", "send"), ms(0.05), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "ring kv fwd g2 step 0", "send"), ms(2.05), kTolerance_s);
+  // r1: busy 0.6 + 0.21 + 0.42 = 1.23 (computes [0, 0.26], [4.05, 4.92], [12.05, 12.15]);
+  //     comm [2.05, 4.05] [6.05, 8.05] [10.05, 12.05] + sync 5 = 11, none under compute;
+  //     idle 17.15 - 1.23 - 11 = 4.92
+  expect_rank(report, 1, 1.23, 11, 4.92);
+}
+
+TEST_F(SimulatorGolden, TransfersOnSeparateNicsOverlap) {
+  FakeCostModel cost(fake_cluster(2, 2, 2), fake_model());  // one NIC per GPU
+  const SimulationReport report = run(two_cross_node_rings(cost), cost);
+  // fwd: all four sends [0.05, 2.05]; ends r0, r1 2.2, r2, r3 2.6
+  // bwd: r0 step 0 -> 2.92, send [2.92, 4.92]; r2 -> 3.32, send [3.32, 5.32]
+  //      r0 step 1 (empty) at 5.32, dkv [5.32, 7.32]; r2 step 1 [4.92, 5.72], dkv [5.72, 7.72]
+  //      r0 ends at 7.72 + qkv 0.1 = 7.82 (r2: 7.32 + 0.1); ring [1, 3] alike; sync -> 12.82
+  EXPECT_NEAR(report.step_time_s, ms(12.82), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "ring kv fwd g2 step 0", "send"), ms(0.05), kTolerance_s);
+  // r0: busy 1.23; comm [0.05, 2.05] (send and recv), [2.92, 7.72] (bwd send 0->2, recv
+  //     2->0, dkv send, dkv recv back to back) + sync 5 = 11.8; hidden only [0.05, 0.26]
+  //     -> exposed 11.59; idle 12.82 - 1.23 - 11.59 = 0
+  expect_rank(report, 0, 1.23, 11.59, 0);
+}
+
+TEST_F(SimulatorGolden, GradientSyncWaitsForTheSlowestRank) {
+  FakeCostModel cost(fake_cluster(1, 4, 1), fake_model());
+  Plan plan = testing::empty_plan(cost, {10, 30, 20});
+  plan.micro_batches.push_back({{testing::local_group(0, 0, 10), testing::local_group(1, 1, 30),
+                                 testing::local_group(2, 2, 20)},
+                                {},
+                                {}});
+  const SimulationReport report = run(plan, cost);
+  // rank 1 is slowest: linear 0.3 + 0.6, attention 465 pairs 0.465 + 0.93 -> 2.295
+  // rank 3 holds nothing and only joins the sync [2.295, 7.295]
+  EXPECT_NEAR(report.step_time_s, ms(7.295), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 3, "gradient sync", "collective"), ms(2.295), kTolerance_s);
+  expect_rank(report, 1, 2.295, 5, 0);
+  expect_rank(report, 3, 0, 5, 2.295);
+  // rank 0: linear 0.1 + 0.2, attention 55 pairs 0.055 + 0.11 -> 0.465
+  expect_rank(report, 0, 0.465, 5, 2.295 - 0.465);
+}
+
+TEST_F(SimulatorGolden, RemapMovesTokensAndChargesTransfers) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  Plan plan = testing::empty_plan(cost, {100});
+  MicroBatch micro_batch{{testing::local_group(0, 0, 100)}, {}, {}};
+  micro_batch.linear_layout = {{0, 0, 0, 50}, {1, 0, 50, 100}};
+  plan.micro_batches.push_back(micro_batch);
+  const SimulationReport report = run(plan, cost);
+  // Linear 50 tokens per rank (0.5 fwd, 1 bwd); attention of 100 tokens on rank 0.
+  // fwd: qkv 0.125; remap 1->0 [0.125, 2.125]; attention [2.125, 7.175]; remap 0->1
+  //      [7.175, 9.175]; out r0 [7.175, 7.55], r1 waits: [9.175, 9.55]
+  // bwd: out r0 [7.55, 8.3], r1 [9.55, 10.3]; remap 1->0 [10.3, 12.3]; attention
+  //      [12.3, 22.4]; remap 0->1 [22.4, 24.4]; qkv r0 [22.4, 22.65], r1 [24.4, 24.65]
+  //      sync [24.65, 29.65]
+  EXPECT_NEAR(report.step_time_s, ms(29.65), kTolerance_s);
+  // r0: busy 1.5 + 15.15 = 16.65; comm 4 x 2 + 5 = 13, hidden by out/out-bwd
+  //     [7.175, 8.3] 1.125 and qkv bwd 0.25 -> exposed 11.625; idle 1.375
+  // r1: busy 1.5; exposed 13; idle 29.65 - 1.5 - 13 = 15.15
+  expect_rank(report, 0, 16.65, 11.625, 1.375);
+  expect_rank(report, 1, 1.5, 13, 15.15);
+  EXPECT_NEAR(start_of(report, 0, "remap fwd to attention", "recv"), ms(0.125), kTolerance_s);
+}
+
+}  // namespace
+}  // namespace ballast

@@ -1,0 +1,231 @@
+// Simulator properties: invalid plans are refused, runs are deterministic, the lower
+// bound holds and is hand-checked, routing and queues take effect, traces are valid
+// Chrome JSON, and large plans simulate.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
+#include "sim/sim_fixtures.hpp"
+
+namespace ballast {
+namespace {
+
+using testing::fake_cluster;
+using testing::fake_model;
+using testing::FakeCostModel;
+
+constexpr double kTolerance_s = 1e-12;
+constexpr double ms(double milliseconds) { return milliseconds * 1e-3; }
+
+/// A ring of `ranks` over one sequence of `length`, zigzag (rank i holds chunks i and
+/// 2g-1-i), plus one local sequence per rank: a bit of every kind of work.
+Plan mixed_plan(const CostModel& cost) {
+  Plan plan = testing::empty_plan(cost, {160, 30, 40, 50, 60});
+  testing::SequenceSpec ring{0, {}};
+  for (int chunk = 0; chunk < 8; ++chunk) {
+    const int rank = chunk < 4 ? chunk : 7 - chunk;
+    ring.chunks.push_back({rank, chunk * 20, (chunk + 1) * 20});
+  }
+  MicroBatch micro_batch;
+  micro_batch.groups.push_back(testing::make_group(Scheme::ring, {0, 1, 2, 3}, {ring}));
+  for (int rank = 0; rank < 4; ++rank)
+    micro_batch.groups.push_back(testing::local_group(rank, rank + 1, 30 + 10 * rank));
+  plan.micro_batches.push_back(micro_batch);
+  return plan;
+}
+
+TEST(Simulator, RefusesAnInvalidPlan) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  Plan plan = testing::empty_plan(cost, {100, 50});
+  plan.micro_batches.push_back({{testing::local_group(0, 0, 100)}, {}, {}});  // sequence 1 missing
+  EXPECT_THROW(simulate(plan, cost), InputError);
+}
+
+TEST(Simulator, IsDeterministic) {
+  FakeCostModel cost(fake_cluster(2, 2, 1), fake_model());
+  const Plan plan = mixed_plan(cost);
+  const SimulationReport first = simulate(plan, cost, {.record_trace = true});
+  const SimulationReport second = simulate(plan, cost, {.record_trace = true});
+  EXPECT_EQ(first.step_time_s, second.step_time_s);
+  ASSERT_EQ(first.trace.size(), second.trace.size());
+  for (std::size_t i = 0; i < first.trace.size(); ++i) {
+    EXPECT_EQ(first.trace[i].rank, second.trace[i].rank);
+    EXPECT_EQ(first.trace[i].name, second.trace[i].name);
+    EXPECT_EQ(first.trace[i].start_s, second.trace[i].start_s);
+    EXPECT_EQ(first.trace[i].duration_s, second.trace[i].duration_s);
+  }
+  for (std::size_t r = 0; r < first.ranks.size(); ++r) {
+    EXPECT_EQ(first.ranks[r].busy_s, second.ranks[r].busy_s);
+    EXPECT_EQ(first.ranks[r].exposed_communication_s, second.ranks[r].exposed_communication_s);
+  }
+  EXPECT_LE(first.lower_bound.time_s, first.step_time_s);
+  // Without a trace the timeline is the same.
+  EXPECT_EQ(simulate(plan, cost).step_time_s, first.step_time_s);
+  EXPECT_TRUE(simulate(plan, cost).trace.empty());
+}
+
+TEST(LowerBound, ComputeSpreadOverRanks) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  const std::vector<Tokens> lengths = {100, 50};
+  const LowerBound bound = lower_bound(lengths, cost);
+  // 100 tokens: linear 1 + 2, attention 5050 pairs 5.05 + 10.1 = 18.15; 50 tokens: 0.5 + 1
+  // + 1.275 + 2.55 = 5.325; spread over 2 ranks: 11.7375; the fullest rank's 75 tokens of
+  // linear (2.25) bind less; + sync 5
+  EXPECT_NEAR(bound.compute_per_rank_s, ms(11.7375), kTolerance_s);
+  EXPECT_NEAR(bound.time_s, ms(16.7375), kTolerance_s);
+  EXPECT_EQ(bound.min_micro_batches, 1);
+  EXPECT_EQ(bound.binding, "compute spread over 2 ranks");
+}
+
+TEST(LowerBound, MemoryForcedMicroBatchesAndHoldsOnAPlanThatMeetsThem) {
+  FakeCostModel cost(fake_cluster(1, 4, 1), fake_model());
+  cost.capacity_tokens = 10;        // one 10-token sequence per rank and micro-batch
+  cost.overhead_forward_s = ms(1);  // 3 per micro-batch, forward + backward
+  const std::vector<Tokens> lengths = {10, 10, 10, 10, 10};
+  const LowerBound bound = lower_bound(lengths, cost);
+  // 50 tokens on 4 ranks of 10: 2 micro-batches. Spread: (5 x (0.3 linear + 0.165
+  // attention) + 5 slots x 3) / 4 = 4.33125. Fullest rank: 2 x 3 + 13 tokens of linear
+  // 0.39 = 6.39 binds; + sync 5 = 11.39
+  EXPECT_EQ(bound.min_micro_batches, 2);
+  EXPECT_NEAR(bound.overhead_s, ms(6), kTolerance_s);
+  EXPECT_NEAR(bound.time_s, ms(11.39), kTolerance_s);
+  EXPECT_EQ(bound.binding, "memory-forced micro-batches");
+
+  Plan plan = testing::empty_plan(cost, lengths);
+  MicroBatch first;
+  for (int rank = 0; rank < 4; ++rank) first.groups.push_back(testing::local_group(rank, rank, 10));
+  plan.micro_batches.push_back(first);
+  plan.micro_batches.push_back({{testing::local_group(0, 4, 10)}, {}, {}});
+  const SimulationReport report = simulate(plan, cost);
+  // rank 0 runs both micro-batches: 2 x (3 + 0.465) = 6.93; + sync 5
+  EXPECT_NEAR(report.step_time_s, ms(11.93), kTolerance_s);
+  EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+}
+
+TEST(Simulator, RoutedTransferGoesThroughProxies) {
+  FakeCostModel cost(fake_cluster(2, 4, 2), fake_model());  // 2 GPUs per NIC
+  Plan plan = testing::empty_plan(cost, {40});
+  AttentionGroup ring = testing::make_group(Scheme::ring, {0, 4}, {{0, {{0, 0, 20}, {4, 20, 40}}}});
+  ring.routing_proxies = 2;
+  plan.micro_batches.push_back({{ring}, {}, {}});
+  const SimulationReport report = simulate(plan, cost, {.record_trace = true});
+  // 0 -> 4 splits in two: 0 -> 4 over rank 0's NIC [0.05, 2.05], and dispatch 0 -> 2
+  // (NVLink) [0.05, 2.05], 2 -> 6 over the other NIC [2.05, 4.05], combine 6 -> 4
+  // [4.05, 6.05]: rank 4's step 1 starts at 6.05 (every hop costs 2 in the fake model).
+  double step1_start_s = -1;
+  for (const TraceEvent& event : report.trace) {
+    if (event.rank == 4 && event.name == "attention fwd ring g2 step 1")
+      step1_start_s = event.start_s;
+  }
+  EXPECT_NEAR(step1_start_s, ms(6.05), kTolerance_s);
+  EXPECT_GT(report.ranks[2].communication_s, 0);
+  EXPECT_GT(report.ranks[6].communication_s, 0);
+  EXPECT_EQ(report.ranks[2].busy_s, 0);
+  EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+}
+
+TEST(Simulator, ExplicitQueuesOrderAGroupsWork) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  Plan plan = testing::empty_plan(cost, {40, 100});
+  MicroBatch micro_batch;
+  micro_batch.groups.push_back(
+      testing::make_group(Scheme::ring, {0, 1}, {{0, {{0, 0, 20}, {1, 20, 40}}}}));
+  micro_batch.groups.push_back(testing::local_group(0, 1, 100));
+  micro_batch.queues = {{1, 0}, {0}};  // rank 0 runs its local sequence first
+  plan.micro_batches.push_back(micro_batch);
+  const SimulationReport report = simulate(plan, cost, {.record_trace = true});
+  // rank 0: qkv over 120 tokens 0.3; local attention 5050 pairs [0.3, 5.35]; then the ring
+  double local_start_s = -1;
+  double ring_start_s = -1;
+  for (const TraceEvent& event : report.trace) {
+    if (event.rank != 0) continue;
+    if (event.name == "attention fwd local") local_start_s = event.start_s;
+    if (event.name == "attention fwd ring g2 step 0") ring_start_s = event.start_s;
+  }
+  EXPECT_NEAR(local_start_s, ms(0.3), kTolerance_s);
+  EXPECT_NEAR(ring_start_s, ms(5.35), kTolerance_s);
+}
+
+TEST(ChromeTrace, IsValidJsonWithOneProcessPerRankAndSortedEvents) {
+  FakeCostModel cost(fake_cluster(2, 2, 1), fake_model());
+  const SimulationReport report = simulate(mixed_plan(cost), cost, {.record_trace = true});
+  std::ostringstream out;
+  write_chrome_trace(report, out);
+  const nlohmann::json trace = nlohmann::json::parse(out.str());
+  EXPECT_EQ(trace.at("displayTimeUnit"), "ms");
+  int processes = 0;
+  int complete_events = 0;
+  std::pair<int, double> previous{-1, -1.0};
+  for (const auto& event : trace.at("traceEvents")) {
+    if (event.at("ph") == "M" && event.at("name") == "process_name") {
+      ++processes;
+      if (event.at("pid") == 3) {
+        EXPECT_EQ(event.at("args").at("name"), "rank 3 (node 1)");
+      }
+    }
+    if (event.at("ph") != "X") continue;
+    ++complete_events;
+    const std::pair<int, double> key{event.at("pid").get<int>(), event.at("ts").get<double>()};
+    EXPECT_LE(previous, key);
+    previous = key;
+    EXPECT_GE(event.at("dur").get<double>(), 0);
+    EXPECT_TRUE(event.at("args").contains("micro_batch"));
+    EXPECT_GE(event.at("tid").get<int>(), 0);
+    EXPECT_LE(event.at("tid").get<int>(), 3);
+  }
+  EXPECT_EQ(processes, 4);
+  EXPECT_EQ(complete_events, static_cast<int>(report.trace.size()));
+  // The gradient sync is one collective event per rank, in microseconds.
+  const TraceEvent& last = report.trace.back();
+  EXPECT_EQ(last.name, "gradient sync");
+  EXPECT_NEAR(last.duration_s, ms(5), kTolerance_s);
+}
+
+TEST(SimulatorScale, SixtyFourRanksTwoThousandSequencesInRingsOfEight) {
+  FakeCostModel cost(fake_cluster(8, 8, 8), fake_model());
+  std::vector<Tokens> lengths(2000, 1600);
+  Plan plan = testing::empty_plan(cost, lengths);
+  MicroBatch micro_batch;
+  for (int node = 0; node < 8; ++node) {
+    std::vector<int> ranks;
+    for (int i = 0; i < 8; ++i) ranks.push_back(node * 8 + i);
+    std::vector<testing::SequenceSpec> sequences;
+    for (int s = node; s < 2000; s += 8) {
+      testing::SequenceSpec sequence{s, {}};
+      for (int chunk = 0; chunk < 16; ++chunk) {
+        const int position = chunk < 8 ? chunk : 15 - chunk;
+        sequence.chunks.push_back({ranks[position], chunk * 100, (chunk + 1) * 100});
+      }
+      sequences.push_back(sequence);
+    }
+    micro_batch.groups.push_back(testing::make_group(Scheme::ring, ranks, sequences));
+  }
+  plan.micro_batches.push_back(micro_batch);
+  const SimulationReport report = simulate(plan, cost);
+  EXPECT_GT(report.step_time_s, 0);
+  EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+  EXPECT_NEAR(report.imbalance, 1.0, 1e-9);  // zigzag balances every ring exactly
+}
+
+TEST(SimulatorScale, FourThousandRanksHundredThousandLocalSequences) {
+  FakeCostModel cost(fake_cluster(512, 8, 8), fake_model());
+  const int ranks = 4096;
+  std::vector<Tokens> lengths(100'000);
+  for (std::size_t s = 0; s < lengths.size(); ++s) lengths[s] = 64 + static_cast<Tokens>(s % 97);
+  Plan plan = testing::empty_plan(cost, lengths);
+  MicroBatch micro_batch;
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    micro_batch.groups.push_back(testing::local_group(static_cast<int>(s % ranks),
+                                                      static_cast<std::int64_t>(s), lengths[s]));
+  }
+  plan.micro_batches.push_back(std::move(micro_batch));
+  const SimulationReport report = simulate(plan, cost);
+  EXPECT_EQ(report.ranks.size(), 4096u);
+  EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+}
+
+}  // namespace
+}  // namespace ballast

@@ -1,0 +1,132 @@
+// Randomised plans (fixed seeds) of every scheme, with padding, routing, remaps and
+// several micro-batches, under the analytical cost model of a real preset: the lower
+// bound holds, the per-rank times add up to the step, and runs repeat exactly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "ballast/simulator.hpp"
+#include "sim/sim_fixtures.hpp"
+
+namespace ballast {
+namespace {
+
+class PlanGenerator {
+ public:
+  PlanGenerator(const CostModel& cost, unsigned seed) : cost_(cost), random_(seed) {}
+
+  Plan make() {
+    std::vector<Tokens> lengths;
+    const int count = 8 + pick(24);
+    for (int s = 0; s < count; ++s) lengths.push_back(64 + pick(4000));
+    Plan plan = testing::empty_plan(cost_, lengths);
+    const int micro_batches = 1 + pick(3);
+    for (int m = 0; m < micro_batches; ++m) plan.micro_batches.push_back(random_groups());
+    // Sequences round-robin over the micro-batches' groups.
+    std::size_t next_group = 0;
+    std::vector<std::pair<int, int>> slots;  // (micro-batch, group)
+    for (int m = 0; m < micro_batches; ++m) {
+      for (std::size_t g = 0; g < plan.micro_batches[m].groups.size(); ++g) {
+        slots.emplace_back(m, static_cast<int>(g));
+      }
+    }
+    for (int s = 0; s < count; ++s) {
+      const auto [m, g] = slots[next_group++ % slots.size()];
+      place(plan.micro_batches[m].groups[g], s, lengths[s]);
+    }
+    for (MicroBatch& micro_batch : plan.micro_batches) {
+      std::erase_if(micro_batch.groups,
+                    [](const AttentionGroup& g) { return g.sequences.empty(); });
+      if (pick(2) == 0) micro_batch.linear_layout = token_balanced(micro_batch, lengths);
+    }
+    std::erase_if(plan.micro_batches, [](const MicroBatch& m) { return m.groups.empty(); });
+    return plan;
+  }
+
+ private:
+  int pick(int below) { return static_cast<int>(random_() % static_cast<unsigned>(below)); }
+
+  /// Ranks split into aligned blocks of 1, 2, 4 or 8 with a random scheme each.
+  MicroBatch random_groups() {
+    MicroBatch micro_batch;
+    const int ranks = cost_.cluster().ranks();
+    for (int first = 0; first < ranks;) {
+      int size = 1 << pick(4);
+      while (first % size != 0 || first + size > ranks) size /= 2;
+      AttentionGroup group;
+      group.scheme = size == 1
+                         ? Scheme::local
+                         : std::array{Scheme::ring, Scheme::ulysses, Scheme::all_gather}[pick(3)];
+      for (int r = first; r < first + size; ++r) group.ranks.push_back(r);
+      if (group.scheme == Scheme::ring) group.routing_proxies = 1 + pick(2);
+      micro_batch.groups.push_back(group);
+      first += size;
+    }
+    return micro_batch;
+  }
+
+  static void place(AttentionGroup& group, int id, Tokens length) {
+    const auto g = static_cast<Tokens>(group.ranks.size());
+    SequenceChunks sequence{id, length, {}};
+    if (group.scheme == Scheme::local || group.scheme == Scheme::ulysses) {
+      for (Tokens i = 0; i < g; ++i) {
+        sequence.chunks.push_back({group.ranks[i], length * i / g, length * (i + 1) / g});
+      }
+    } else {  // zigzag over 2g chunks, padded to a multiple of 2g
+      sequence.padded_length_tokens = (length + 2 * g - 1) / (2 * g) * (2 * g);
+      const Tokens chunk = sequence.padded_length_tokens / (2 * g);
+      for (Tokens c = 0; c < 2 * g; ++c) {
+        const int rank = group.ranks[c < g ? c : 2 * g - 1 - c];
+        sequence.chunks.push_back({rank, c * chunk, (c + 1) * chunk});
+      }
+    }
+    group.sequences.push_back(sequence);
+  }
+
+  /// Each sequence's [0, length) cut into equal slices over all ranks.
+  std::vector<LinearSlice> token_balanced(const MicroBatch& micro_batch,
+                                          const std::vector<Tokens>& lengths) {
+    std::vector<LinearSlice> layout;
+    const int ranks = cost_.cluster().ranks();
+    const int offset = pick(ranks);
+    for (const AttentionGroup& group : micro_batch.groups) {
+      for (const SequenceChunks& sequence : group.sequences) {
+        const Tokens length = lengths[sequence.sequence_id];
+        const Tokens parts = std::min<Tokens>(length, 1 + pick(4));
+        for (Tokens p = 0; p < parts; ++p) {
+          layout.push_back({static_cast<int>((offset + sequence.sequence_id + p) % ranks),
+                            sequence.sequence_id, length * p / parts, length * (p + 1) / parts});
+        }
+      }
+    }
+    return layout;
+  }
+
+  const CostModel& cost_;
+  std::mt19937 random_;
+};
+
+TEST(SimulatorRandom, LowerBoundHoldsAndTimesAddUp) {
+  Cluster cluster = cluster_preset("a800-roce");  // 2 GPUs per NIC
+  cluster.nodes = 2;
+  const AnalyticalCostModel cost(cluster, model_preset("llama-7b"));
+  for (unsigned seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const Plan plan = PlanGenerator(cost, seed).make();
+    const SimulationReport report = simulate(plan, cost, {.record_trace = true});
+    EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+    for (const RankTimes& times : report.ranks) {
+      EXPECT_NEAR(times.busy_s + times.exposed_communication_s + times.idle_s, report.step_time_s,
+                  1e-9 * report.step_time_s);
+      EXPECT_LE(times.exposed_communication_s, times.communication_s + 1e-15);
+      EXPECT_GE(times.exposed_communication_s, -1e-15);
+    }
+    const SimulationReport again = simulate(plan, cost, {.record_trace = true});
+    EXPECT_EQ(again.step_time_s, report.step_time_s);
+    EXPECT_EQ(again.trace.size(), report.trace.size());
+  }
+}
+
+}  // namespace
+}  // namespace ballast

@@ -1,0 +1,277 @@
+// Hand-checked plans of every baseline strategy on a tiny cluster whose token
+// capacities are round numbers (fake_cost.hpp: local 194, ring 100, ulysses 113).
+#include <gtest/gtest.h>
+
+#include "ballast/error.hpp"
+#include "ballast/strategy.hpp"
+#include "builders.hpp"
+#include "fake_cost.hpp"
+
+namespace ballast::strategies {
+namespace {
+
+using testing::FakeCostModel;
+using testing::tiny_cluster;
+using testing::tiny_model;
+
+Plan plan_with(const std::string& strategy, const CostModel& cost, std::vector<Tokens> lengths,
+               std::optional<int> degree = std::nullopt) {
+  PlannerOptions options;
+  options.degree = degree;
+  Plan plan = find_planner(strategy).plan(make_batch(std::move(lengths), 3), cost, options);
+  const ValidationResult result = validate(plan, cost);
+  EXPECT_TRUE(result.ok) << strategy << ": " << result.message;
+  return plan;
+}
+
+std::vector<std::int64_t> ids_of(const AttentionGroup& group) {
+  std::vector<std::int64_t> ids;
+  for (const auto& sequence : group.sequences) ids.push_back(sequence.sequence_id);
+  return ids;
+}
+
+void expect_chunk(const Chunk& chunk, int rank, Tokens begin, Tokens end) {
+  EXPECT_EQ(chunk.rank, rank);
+  EXPECT_EQ(chunk.begin_tokens, begin);
+  EXPECT_EQ(chunk.end_tokens, end);
+}
+
+TEST(PackedDp, BestFitPacksDealtRoundRobin) {
+  const FakeCostModel cost(tiny_cluster(1, 2));
+  // Capacity 194: packs {150, 40} {100, 90} {50}; two ranks.
+  const Plan plan = plan_with("packed-dp", cost, {150, 100, 90, 50, 40});
+  EXPECT_EQ(plan.strategy, "packed-dp");
+  EXPECT_EQ(plan.step, 3);
+  EXPECT_EQ(plan.sequence_lengths_tokens.size(), 5u);
+  ASSERT_EQ(plan.micro_batches.size(), 2u);
+  const auto& first = plan.micro_batches[0].groups;
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0].scheme, Scheme::local);
+  EXPECT_EQ(first[0].ranks, std::vector<int>{0});
+  EXPECT_EQ(ids_of(first[0]), (std::vector<std::int64_t>{0, 4}));
+  EXPECT_EQ(first[1].ranks, std::vector<int>{1});
+  EXPECT_EQ(ids_of(first[1]), (std::vector<std::int64_t>{1, 2}));
+  ASSERT_EQ(plan.micro_batches[1].groups.size(), 1u);
+  EXPECT_EQ(plan.micro_batches[1].groups[0].ranks, std::vector<int>{0});
+  EXPECT_EQ(ids_of(plan.micro_batches[1].groups[0]), (std::vector<std::int64_t>{3}));
+  expect_chunk(first[0].sequences[0].chunks.at(0), 0, 0, 150);
+}
+
+TEST(PackedDp, TooLongSequenceIsNamed) {
+  const FakeCostModel cost;
+  try {
+    find_planner("packed-dp").plan(make_batch({10, 195}), cost, {});
+    FAIL() << "expected PlanningError";
+  } catch (const PlanningError& error) {
+    EXPECT_NE(std::string(error.what()).find("sequence 1 (195 tokens): one GPU holds 194 tokens"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(StaticCp, OneRingOfFourWithPadding) {
+  const FakeCostModel cost;
+  // 250 needs degree 4; padded 256, 16, 32 all fit one pack of 4 * 100 tokens.
+  const Plan plan = plan_with("static-cp", cost, {250, 10, 30});
+  ASSERT_EQ(plan.micro_batches.size(), 1u);
+  ASSERT_EQ(plan.micro_batches[0].groups.size(), 1u);
+  const AttentionGroup& ring = plan.micro_batches[0].groups[0];
+  EXPECT_EQ(ring.scheme, Scheme::ring);
+  EXPECT_EQ(ring.ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(ids_of(ring), (std::vector<std::int64_t>{0, 2, 1}));
+  EXPECT_EQ(ring.sequences[0].padded_length_tokens, 256);
+  EXPECT_EQ(ring.sequences[1].padded_length_tokens, 32);
+  EXPECT_EQ(ring.sequences[2].padded_length_tokens, 16);  // 10 tokens + 6 padding
+  ASSERT_EQ(ring.sequences[0].chunks.size(), 8u);
+  expect_chunk(ring.sequences[0].chunks[0], 0, 0, 32);
+  expect_chunk(ring.sequences[0].chunks[1], 0, 224, 256);
+  expect_chunk(ring.sequences[0].chunks[6], 3, 96, 128);
+  expect_chunk(ring.sequences[0].chunks[7], 3, 128, 160);
+  expect_chunk(ring.sequences[2].chunks[0], 0, 0, 2);
+}
+
+TEST(StaticCp, DegreeOverrideGivesTwoGroups) {
+  const FakeCostModel cost;
+  // d=2: padded 152, 120, 60, 12; packs {152} and {120, 60, 12} (192 tokens, dealt first).
+  const Plan plan = plan_with("static-cp", cost, {150, 120, 60, 10}, 2);
+  ASSERT_EQ(plan.micro_batches.size(), 1u);
+  const auto& groups = plan.micro_batches[0].groups;
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(ids_of(groups[0]), (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_EQ(groups[1].ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(ids_of(groups[1]), (std::vector<std::int64_t>{0}));
+  EXPECT_EQ(groups[1].sequences[0].padded_length_tokens, 152);
+}
+
+TEST(StaticCp, ShortBatchRunsLocallyAtDegreeOne) {
+  const FakeCostModel cost;
+  const Plan plan = plan_with("static-cp", cost, {100, 90, 5});
+  ASSERT_EQ(plan.micro_batches.size(), 1u);
+  for (const auto& group : plan.micro_batches[0].groups) {
+    EXPECT_EQ(group.scheme, Scheme::local);
+    for (const auto& sequence : group.sequences) {
+      EXPECT_EQ(sequence.padded_length_tokens, plan.sequence_lengths_tokens[sequence.sequence_id]);
+    }
+  }
+}
+
+TEST(StaticCpAllGather, CapacityShrinksWithTheGroup) {
+  const FakeCostModel cost;
+  // d=4 all-gather: 67 tokens per rank, 268 per group: {256} then {32, 16}.
+  const Plan plan = plan_with("static-cp-allgather", cost, {250, 10, 30});
+  ASSERT_EQ(plan.micro_batches.size(), 2u);
+  const AttentionGroup& first = plan.micro_batches[0].groups.at(0);
+  EXPECT_EQ(first.scheme, Scheme::all_gather);
+  EXPECT_EQ(ids_of(first), (std::vector<std::int64_t>{0}));
+  EXPECT_EQ(ids_of(plan.micro_batches[1].groups.at(0)), (std::vector<std::int64_t>{2, 1}));
+  expect_chunk(first.sequences[0].chunks[1], 0, 224, 256);  // head-tail chunks
+}
+
+TEST(StaticUlysses, ContiguousSplitOfThePack) {
+  const FakeCostModel cost;
+  // 200 > 194 needs degree 2 (226 per group): packs {200, 20} and {30}.
+  const Plan plan = plan_with("static-ulysses", cost, {200, 30, 20});
+  ASSERT_EQ(plan.micro_batches.size(), 1u);
+  const auto& groups = plan.micro_batches[0].groups;
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].scheme, Scheme::ulysses);
+  EXPECT_EQ(groups[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(ids_of(groups[0]), (std::vector<std::int64_t>{0, 2}));
+  ASSERT_EQ(groups[0].sequences[0].chunks.size(), 2u);
+  expect_chunk(groups[0].sequences[0].chunks[0], 0, 0, 110);
+  expect_chunk(groups[0].sequences[0].chunks[1], 1, 110, 200);
+  ASSERT_EQ(groups[0].sequences[1].chunks.size(), 1u);
+  expect_chunk(groups[0].sequences[1].chunks[0], 1, 0, 20);
+  EXPECT_EQ(groups[0].sequences[1].padded_length_tokens, 20);  // never padded
+  expect_chunk(groups[1].sequences[0].chunks[0], 2, 0, 15);
+  expect_chunk(groups[1].sequences[0].chunks[1], 3, 15, 30);
+}
+
+TEST(StaticUlysses, OddPackSplitsDifferByOne) {
+  const FakeCostModel cost;
+  const Plan plan = plan_with("static-ulysses", cost, {200, 7}, 2);
+  const auto& group = plan.micro_batches[0].groups.at(0);
+  // 207 tokens: member 0 holds 104, member 1 holds 103.
+  expect_chunk(group.sequences[0].chunks[0], 0, 0, 104);
+  expect_chunk(group.sequences[0].chunks[1], 1, 104, 200);
+}
+
+TEST(BatchAdaptive, PicksTheFastestFeasibleDegree) {
+  const FakeCostModel cost;
+  for (const std::vector<Tokens>& lengths :
+       {std::vector<Tokens>{200, 30, 20}, std::vector<Tokens>{100, 90, 80, 3},
+        std::vector<Tokens>{190, 190, 190, 190, 190, 190}}) {
+    const Plan chosen = plan_with("batch-adaptive", cost, lengths);
+    const Batch batch = make_batch(lengths, 3);
+    int best_degree = 0;
+    Seconds best_s = 0;
+    for (int degree : allowed_degrees(cost, Scheme::ulysses)) {
+      if (!fits_group(batch.max_length_tokens(), cost, Scheme::ulysses, degree)) continue;
+      PlannerOptions options;
+      options.degree = degree;
+      const Seconds time_s =
+          estimate_plan_time_s(find_planner("static-ulysses").plan(batch, cost, options), cost);
+      if (best_degree == 0 || time_s < best_s) {
+        best_degree = degree;
+        best_s = time_s;
+      }
+    }
+    PlannerOptions options;
+    options.degree = best_degree;
+    Plan expected = find_planner("static-ulysses").plan(batch, cost, options);
+    expected.strategy = "batch-adaptive";
+    EXPECT_EQ(plan_to_string(chosen), plan_to_string(expected));
+  }
+}
+
+TEST(BatchAdaptive, DegreeOverrideActsLikeStaticUlysses) {
+  const FakeCostModel cost;
+  Plan plan = plan_with("batch-adaptive", cost, {50, 60}, 2);
+  EXPECT_EQ(plan.micro_batches[0].groups[0].ranks.size(), 2u);
+  EXPECT_THROW(find_planner("batch-adaptive").plan(make_batch({300}), cost, {}), PlanningError);
+}
+
+TEST(HybridDp, HandCheckedPlacement) {
+  const FakeCostModel cost;
+  // Degrees: 350 -> 4 (padded 352), 150 -> 2 (152), the rest local (ring budget 100/rank).
+  // LPT on s^2/d: ring 350 on 0-3, ring 150 on 0-1, 90 -> rank 2, 80 -> 3, 60 -> 3, 50 -> 2.
+  // Micro-batches by memory: m0 {350}; m1 {150, 90, 80}; m2 {50, 60}.
+  const Plan plan = plan_with("hybrid-dp", cost, {350, 150, 90, 80, 60, 50});
+  ASSERT_EQ(plan.micro_batches.size(), 3u);
+  const auto& m0 = plan.micro_batches[0].groups;
+  ASSERT_EQ(m0.size(), 1u);
+  EXPECT_EQ(m0[0].scheme, Scheme::ring);
+  EXPECT_EQ(m0[0].ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(m0[0].sequences[0].padded_length_tokens, 352);
+  const auto& m1 = plan.micro_batches[1].groups;
+  ASSERT_EQ(m1.size(), 3u);
+  EXPECT_EQ(m1[0].scheme, Scheme::ring);
+  EXPECT_EQ(m1[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(ids_of(m1[0]), std::vector<std::int64_t>{1});
+  EXPECT_EQ(m1[1].scheme, Scheme::local);
+  EXPECT_EQ(m1[1].ranks, std::vector<int>{2});
+  EXPECT_EQ(ids_of(m1[1]), std::vector<std::int64_t>{2});
+  EXPECT_EQ(m1[2].ranks, std::vector<int>{3});
+  EXPECT_EQ(ids_of(m1[2]), std::vector<std::int64_t>{3});
+  const auto& m2 = plan.micro_batches[2].groups;
+  ASSERT_EQ(m2.size(), 2u);
+  EXPECT_EQ(m2[0].ranks, std::vector<int>{2});
+  EXPECT_EQ(ids_of(m2[0]), std::vector<std::int64_t>{5});
+  EXPECT_EQ(ids_of(m2[1]), std::vector<std::int64_t>{4});
+  EXPECT_TRUE(plan.micro_batches[1].queues.empty());
+}
+
+TEST(HybridDp, ManyLocalsSpreadAndRingsFirst) {
+  const FakeCostModel cost;
+  const Plan plan = plan_with("hybrid-dp", cost, {30, 30, 30, 30, 180, 30});
+  // 180 -> ring of 2 on ranks 0-1 (largest proxy first); loads 16200, 16200, 0, 0, so the
+  // 30s (900 each) go to ranks 2, 3, 2, 3, 2; all fit micro-batch 0.
+  const auto& m0 = plan.micro_batches.at(0).groups;
+  EXPECT_EQ(m0.at(0).scheme, Scheme::ring);
+  EXPECT_EQ(m0.at(0).ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(m0.at(1).ranks, std::vector<int>{2});
+  EXPECT_EQ(ids_of(m0.at(1)), (std::vector<std::int64_t>{0, 2, 5}));
+  EXPECT_EQ(ids_of(m0.at(2)), (std::vector<std::int64_t>{1, 3}));
+}
+
+TEST(HybridDp, TooLongForTheWholeClusterIsNamed) {
+  const FakeCostModel cost;
+  try {
+    find_planner("hybrid-dp").plan(make_batch({10, 20, 401}), cost, {});
+    FAIL() << "expected PlanningError";
+  } catch (const PlanningError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              "hybrid-dp cannot run sequence 2 (401 tokens): the largest ring (4 of the 4 ranks) "
+              "holds 400 tokens; lower --max-context or add --nodes");
+  }
+}
+
+TEST(Estimate, LocalGroupHandComputed) {
+  const FakeCostModel cost;
+  const Plan plan = plan_with("packed-dp", cost, {10});
+  // 55 causal pairs * 1 ns * (1 + 2.5) + 10 tokens * 1 us * (1 + 2) + gradient sync.
+  EXPECT_NEAR(estimate_plan_time_s(plan, cost), 192.5e-9 + 30e-6 + cost.gradient_sync_time_s(),
+              1e-15);
+}
+
+TEST(Planners, GroupsWiderThanTheirTokensStayValid) {
+  const FakeCostModel cost;
+  const Plan ulysses = plan_with("static-ulysses", cost, {1}, 2);  // member 1 holds nothing
+  EXPECT_EQ(ulysses.micro_batches[0].groups[0].sequences[0].chunks.size(), 1u);
+  const Plan ring = plan_with("static-cp", cost, {1}, 4);  // padded to 8, one token per chunk
+  EXPECT_EQ(ring.micro_batches[0].groups[0].sequences[0].padded_length_tokens, 8);
+  const Plan ignored = plan_with("hybrid-dp", cost, {5, 6}, 4);  // per-sequence degrees
+  EXPECT_EQ(ignored.micro_batches[0].groups[0].scheme, Scheme::local);
+}
+
+TEST(Planners, RejectEmptyBatches) {
+  const FakeCostModel cost;
+  Batch empty;
+  for (const auto& planner : planners()) {
+    EXPECT_THROW(planner->plan(empty, cost, {}), InputError) << planner->name();
+  }
+}
+
+}  // namespace
+}  // namespace ballast::strategies
