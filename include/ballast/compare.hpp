@@ -1,0 +1,100 @@
+// Compare: run several strategies over the same sampled batches, simulate each plan,
+// and summarise step time, gap to the lower bound, speedup, imbalance, exposed
+// communication, peak memory and planner latency. Also the named scenarios.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ballast/cost_model.hpp"
+#include "ballast/simulator.hpp"
+#include "ballast/strategy.hpp"
+#include "ballast/workload.hpp"
+
+namespace ballast {
+
+/// Everything a plan / simulate / compare run is made of. Defaults are the bundled
+/// defaults of `ballast compare` (documented in docs/cli.md).
+struct RunSettings {
+  std::string dataset = "wlbllm";  ///< bundled name or length-file path
+  std::string cluster = "h100";    ///< preset or JSON file
+  std::optional<int> nodes;        ///< overrides the cluster's node count
+  std::string model = "llama-7b";  ///< preset or JSON file
+  std::string cost_model = "analytical";
+  std::vector<std::string> strategies;  ///< empty: every registered strategy
+  std::string baseline;                 ///< empty: static-cp if compared, else the first
+  int steps = 4;
+  SamplerOptions sampler = default_sampler_options();
+  PlannerOptions planner;
+
+  static SamplerOptions default_sampler_options();
+};
+
+/// The inputs a run resolves its settings into (loaded once, shared by every strategy).
+struct RunInputs {
+  Dataset dataset;
+  std::unique_ptr<CostModel> cost;
+  std::vector<Batch> batches;
+  SamplerStats sampler_stats;
+};
+
+/// Loads dataset, cluster, model and cost model and samples settings.steps batches.
+/// Throws InputError on any bad setting.
+RunInputs resolve_inputs(const RunSettings& settings);
+
+/// One strategy's figures, averaged over the steps it could run.
+struct StrategyResult {
+  std::string strategy;
+  std::string error;  ///< non-empty when the strategy could not run a batch
+  double step_time_s = 0;
+  double lower_bound_s = 0;
+  double gap_to_lower_bound = 0;  ///< step / lower bound - 1
+  double speedup = 0;             ///< baseline step / this step (0 when unknown)
+  double imbalance = 0;
+  double exposed_comm_fraction = 0;
+  Bytes peak_memory_bytes = 0;  ///< max over steps and ranks
+  double plan_time_ms = 0;      ///< wall-clock planner latency, mean over steps
+  double micro_batches = 0;     ///< mean over steps
+};
+
+struct CompareResult {
+  RunSettings settings;
+  std::string baseline;
+  std::string dataset_description;
+  std::string cluster_description;
+  std::int64_t sequences_per_step = 0;  ///< mean
+  Tokens tokens_per_step = 0;           ///< mean
+  SamplerStats sampler_stats;
+  std::vector<StrategyResult> results;
+};
+
+CompareResult run_compare(const RunSettings& settings);
+
+void write_compare_text(const CompareResult& result, std::ostream& out);
+void write_compare_csv(const CompareResult& result, std::ostream& out);
+nlohmann::ordered_json compare_to_json(const CompareResult& result);
+
+/// A named, documented bundle of settings (data/scenarios.json).
+struct Scenario {
+  std::string name;
+  std::string description;
+  nlohmann::json settings;  ///< keys: dataset, cluster, nodes, model, cost_model, strategies,
+                            ///< baseline, steps, seed, tokens_per_step, batch_size,
+                            ///< max_context, over_context, sampling, degree
+};
+std::vector<Scenario> scenarios();
+/// Throws InputError listing the known scenarios.
+const Scenario& find_scenario(const std::string& name);
+/// Applies a scenario's settings onto `settings` (the CLI then applies explicit flags).
+void apply_scenario(const Scenario& scenario, RunSettings& settings);
+
+/// "1,048,576"
+std::string with_thousands(std::int64_t value);
+
+}  // namespace ballast

@@ -1,0 +1,141 @@
+// run_compare: sample the batches once, plan each with every strategy, simulate, and
+// average the figures; plus input resolution shared by plan / simulate / compare.
+#include "ballast/compare.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "ballast/error.hpp"
+
+namespace ballast {
+
+SamplerOptions RunSettings::default_sampler_options() {
+  SamplerOptions options;
+  // 1 Mi tokens per step on 64 GPUs: the long-context setting of Zeppelin's evaluation
+  // (~0.5-1M tokens per step on 64 GPUs, SYSTEMS.md section 3); 128K context covers the
+  // wlbllm distribution (max 124,913).
+  options.tokens_per_step = Tokens{1} << 20;
+  options.max_context_tokens = 131072;
+  return options;
+}
+
+RunInputs resolve_inputs(const RunSettings& settings) {
+  if (settings.steps < 1) {
+    throw InputError(fmt::format("--steps {} must be at least 1", settings.steps));
+  }
+  RunInputs inputs;
+  inputs.dataset = load_dataset(settings.dataset);
+  const Cluster cluster = load_cluster(settings.cluster, settings.nodes);
+  const Model model = load_model(settings.model);
+  inputs.cost = make_cost_model(load_cost_model_spec(settings.cost_model), cluster, model);
+  inputs.cost->token_capacity_per_rank();  // fails early, naming model and cluster
+  BatchSampler sampler(inputs.dataset, settings.sampler);
+  for (int step = 0; step < settings.steps; ++step) inputs.batches.push_back(sampler.next());
+  inputs.sampler_stats = sampler.stats();
+  return inputs;
+}
+
+namespace {
+
+std::vector<std::string> strategies_to_run(const RunSettings& settings) {
+  std::vector<std::string> names = settings.strategies.empty() ? planner_names()
+                                                               : settings.strategies;
+  for (const auto& name : names) find_planner(name);  // unknown names fail before any work
+  return names;
+}
+
+std::string choose_baseline(const RunSettings& settings, const std::vector<std::string>& names) {
+  if (!settings.baseline.empty()) {
+    if (std::find(names.begin(), names.end(), settings.baseline) == names.end()) {
+      throw InputError(fmt::format("--baseline {} is not among the compared strategies ({}); add "
+                                   "it to --strategies",
+                                   settings.baseline, fmt::join(names, ",")));
+    }
+    return settings.baseline;
+  }
+  const bool has_static_cp = std::find(names.begin(), names.end(), "static-cp") != names.end();
+  return has_static_cp ? "static-cp" : names.front();
+}
+
+StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
+                            const PlannerOptions& options) {
+  StrategyResult result;
+  result.strategy = name;
+  const Planner& planner = find_planner(name);
+  const double steps = static_cast<double>(inputs.batches.size());
+  for (const Batch& batch : inputs.batches) {
+    Plan plan;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      plan = planner.plan(batch, *inputs.cost, options);
+    } catch (const PlanningError& error) {
+      result.error = error.what();
+      return result;
+    }
+    const auto stop = std::chrono::steady_clock::now();
+    const SimulationReport report = simulate(plan, *inputs.cost);
+    result.plan_time_ms += std::chrono::duration<double, std::milli>(stop - start).count() / steps;
+    result.step_time_s += report.step_time_s / steps;
+    result.lower_bound_s += report.lower_bound.time_s / steps;
+    result.imbalance += report.imbalance / steps;
+    result.exposed_comm_fraction += report.exposed_communication_fraction / steps;
+    result.micro_batches += report.micro_batches / steps;
+    result.peak_memory_bytes = std::max(result.peak_memory_bytes, report.peak_memory_bytes);
+  }
+  result.gap_to_lower_bound = result.step_time_s / result.lower_bound_s - 1.0;
+  return result;
+}
+
+}  // namespace
+
+CompareResult run_compare(const RunSettings& settings) {
+  const std::vector<std::string> names = strategies_to_run(settings);
+  CompareResult compare;
+  compare.settings = settings;
+  compare.baseline = choose_baseline(settings, names);
+  const RunInputs inputs = resolve_inputs(settings);
+  const Cluster& cluster = inputs.cost->cluster();
+  compare.dataset_description = fmt::format(
+      "{} ({} documents, mean {:.0f} tokens, max {})", inputs.dataset.name,
+      with_thousands(inputs.dataset.documents()), inputs.dataset.mean_length_tokens(),
+      with_thousands(inputs.dataset.max_length_tokens()));
+  compare.cluster_description =
+      fmt::format("{} ({} nodes x {} {}, {} GPUs)", cluster.name, cluster.nodes,
+                  cluster.gpus_per_node, cluster.gpu_name, cluster.ranks());
+  compare.sampler_stats = inputs.sampler_stats;
+  double sequences = 0, tokens = 0;
+  for (const Batch& batch : inputs.batches) {
+    sequences += static_cast<double>(batch.lengths_tokens.size());
+    tokens += static_cast<double>(batch.total_tokens());
+  }
+  const auto steps = static_cast<double>(inputs.batches.size());
+  compare.sequences_per_step = std::llround(sequences / steps);
+  compare.tokens_per_step = std::llround(tokens / steps);
+  for (const auto& name : names) {
+    compare.results.push_back(run_strategy(name, inputs, settings.planner));
+  }
+  const auto baseline = std::find_if(compare.results.begin(), compare.results.end(),
+                                     [&](const auto& r) { return r.strategy == compare.baseline; });
+  const bool baseline_ran = baseline != compare.results.end() && baseline->error.empty();
+  for (auto& result : compare.results) {
+    if (baseline_ran && result.error.empty()) {
+      result.speedup = baseline->step_time_s / result.step_time_s;
+    }
+  }
+  return compare;
+}
+
+std::string with_thousands(std::int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+}  // namespace ballast

@@ -1,0 +1,129 @@
+// The compare table in text, CSV and JSON (schema in docs/compare-schema.md).
+#include <ostream>
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include "ballast/compare.hpp"
+
+namespace ballast {
+
+namespace {
+
+std::string budget_text(const SamplerOptions& sampler) {
+  if (sampler.batch_size) return fmt::format("{} sequences per step", *sampler.batch_size);
+  return fmt::format("token budget {} per step", with_thousands(sampler.tokens_per_step.value_or(0)));
+}
+
+std::string over_context_text(const CompareResult& result) {
+  const auto& stats = result.sampler_stats;
+  const auto& sampler = result.settings.sampler;
+  std::string text = fmt::format("documents over --max-context {}: policy {}",
+                                 with_thousands(sampler.max_context_tokens),
+                                 to_string(sampler.over_context));
+  if (sampler.over_context == OverContextPolicy::drop) {
+    text += fmt::format(", dropped {} ({} tokens)", with_thousands(stats.dropped_documents),
+                        with_thousands(stats.dropped_tokens));
+  } else if (sampler.over_context == OverContextPolicy::truncate) {
+    text += fmt::format(", truncated {}", with_thousands(stats.truncated_documents));
+  }
+  return text;
+}
+
+}  // namespace
+
+void write_compare_text(const CompareResult& result, std::ostream& out) {
+  const auto& settings = result.settings;
+  fmt::print(out, "dataset {}\n", result.dataset_description);
+  fmt::print(out, "cluster {}, model {}, cost model {}\n", result.cluster_description,
+             settings.model, settings.cost_model);
+  fmt::print(out, "{} steps, seed {}, {} sampling, {}; mean {} sequences / {} tokens per step\n",
+             settings.steps, settings.sampler.seed, to_string(settings.sampler.order),
+             budget_text(settings.sampler), with_thousands(result.sequences_per_step),
+             with_thousands(result.tokens_per_step));
+  fmt::print(out, "{}\n\n", over_context_text(result));
+  fmt::print(out, "{:<22} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9} {:>6} {:>9}\n", "strategy",
+             "step (s)", "bound (s)", "gap", "speedup", "imbalance", "exp.comm", "peak GiB",
+             "mbs", "plan (ms)");
+  for (const auto& r : result.results) {
+    if (!r.error.empty()) {
+      fmt::print(out, "{:<22} cannot run: {}\n", r.strategy, r.error);
+      continue;
+    }
+    fmt::print(out, "{:<22} {:>10.3f} {:>10.3f} {:>7.1f}% {:>8.2f}x {:>9.2f} {:>7.1f}% {:>9.1f} {:>6.1f} {:>9.2f}\n",
+               r.strategy, r.step_time_s, r.lower_bound_s, 100.0 * r.gap_to_lower_bound, r.speedup,
+               r.imbalance, 100.0 * r.exposed_comm_fraction, r.peak_memory_bytes / kGiB,
+               r.micro_batches, r.plan_time_ms);
+  }
+  fmt::print(out, "\nspeedup: {} step time / strategy step time. gap: step / lower bound - 1. "
+                  "imbalance: max/mean busy time. exp.comm: communication not hidden by compute, "
+                  "share of rank-time. mbs: micro-batches. See docs/compare-schema.md.\n",
+             result.baseline);
+}
+
+void write_compare_csv(const CompareResult& result, std::ostream& out) {
+  fmt::print(out,
+             "strategy,step_time_s,lower_bound_s,gap_to_lower_bound,speedup,imbalance,"
+             "exposed_comm_fraction,peak_memory_bytes,plan_time_ms,micro_batches,error\n");
+  for (const auto& r : result.results) {
+    std::string error = r.error;
+    for (char& c : error) {
+      if (c == '"') c = '\'';
+    }
+    fmt::print(out, "{},{:.9g},{:.9g},{:.6g},{:.6g},{:.6g},{:.6g},{},{:.4f},{:.4g},\"{}\"\n",
+               r.strategy, r.step_time_s, r.lower_bound_s, r.gap_to_lower_bound, r.speedup,
+               r.imbalance, r.exposed_comm_fraction, r.peak_memory_bytes, r.plan_time_ms,
+               r.micro_batches, error);
+  }
+}
+
+nlohmann::ordered_json compare_to_json(const CompareResult& result) {
+  const auto& settings = result.settings;
+  nlohmann::ordered_json json;
+  json["schema"] = "ballast.compare/1";
+  json["settings"] = {
+      {"dataset", settings.dataset},
+      {"cluster", settings.cluster},
+      {"cluster_description", result.cluster_description},
+      {"model", settings.model},
+      {"cost_model", settings.cost_model},
+      {"steps", settings.steps},
+      {"seed", settings.sampler.seed},
+      {"tokens_per_step", settings.sampler.tokens_per_step
+                              ? nlohmann::json(*settings.sampler.tokens_per_step)
+                              : nlohmann::json(nullptr)},
+      {"batch_size", settings.sampler.batch_size ? nlohmann::json(*settings.sampler.batch_size)
+                                                 : nlohmann::json(nullptr)},
+      {"max_context", settings.sampler.max_context_tokens},
+      {"over_context", to_string(settings.sampler.over_context)},
+      {"sampling", to_string(settings.sampler.order)},
+      {"baseline", result.baseline},
+  };
+  json["workload"] = {
+      {"sequences_per_step", result.sequences_per_step},
+      {"tokens_per_step", result.tokens_per_step},
+      {"dropped_documents", result.sampler_stats.dropped_documents},
+      {"dropped_tokens", result.sampler_stats.dropped_tokens},
+      {"truncated_documents", result.sampler_stats.truncated_documents},
+  };
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  for (const auto& r : result.results) {
+    nlohmann::ordered_json row;
+    row["strategy"] = r.strategy;
+    row["error"] = r.error.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.error);
+    row["step_time_s"] = r.step_time_s;
+    row["lower_bound_s"] = r.lower_bound_s;
+    row["gap_to_lower_bound"] = r.gap_to_lower_bound;
+    row["speedup"] = r.speedup;
+    row["imbalance"] = r.imbalance;
+    row["exposed_comm_fraction"] = r.exposed_comm_fraction;
+    row["peak_memory_bytes"] = r.peak_memory_bytes;
+    row["plan_time_ms"] = r.plan_time_ms;
+    row["micro_batches"] = r.micro_batches;
+    results.push_back(row);
+  }
+  json["results"] = results;
+  return json;
+}
+
+}  // namespace ballast

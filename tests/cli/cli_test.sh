@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# End-to-end CLI checks: every subcommand, every format, exit codes and error messages.
+# Usage: cli_test.sh PATH/TO/ballast SOURCE_DIR
+set -uo pipefail
+ballast="$1"
+source_dir="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+
+check() {  # check NAME CONDITION-COMMAND...
+  local name="$1"; shift
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name" >&2; fi
+}
+# expect_exit CODE OUT_FILE ERR_FILE -- command...
+run() { local out="$1" err="$2"; shift 2; "$@" >"$out" 2>"$err"; echo $?; }
+has() { grep -q -- "$2" "$1" || { echo "  '$1' lacks '$2':" >&2; head -5 "$1" >&2; return 1; }; }
+json_ok() { /usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$1"; }
+
+# --- help with examples on every subcommand ---
+for cmd in list plan validate simulate compare; do
+  code=$(run "$work/help" "$work/err" "$ballast" "$cmd" --help)
+  check "help $cmd exits 0" test "$code" = 0
+  check "help $cmd has examples" has "$work/help" "examples"
+done
+
+# --- list ---
+code=$(run "$work/list" "$work/err" "$ballast" list)
+check "list exits 0" test "$code" = 0
+for word in wlbllm prolong wikipedia magi a100-ib400 a800-roce h100 h200 gpt-7b llama3-8b \
+            packed-dp static-cp static-cp-allgather static-ulysses batch-adaptive hybrid-dp default; do
+  check "list shows $word" has "$work/list" "$word"
+done
+
+# --- compare on defaults (the README's main command) ---
+code=$(run "$work/compare.txt" "$work/err" "$ballast" compare --steps 1)
+check "compare exits 0" test "$code" = 0
+check "compare names the over-context policy" has "$work/compare.txt" "policy drop"
+for s in packed-dp static-cp hybrid-dp static-ulysses; do check "compare row $s" has "$work/compare.txt" "$s"; done
+
+code=$(run "$work/compare.json" "$work/err" "$ballast" compare --steps 1 --format json)
+check "compare json exits 0" test "$code" = 0
+check "compare json parses" json_ok "$work/compare.json"
+check "compare json has keys" /usr/bin/python3 - "$work/compare.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+keys = {"strategy", "step_time_s", "lower_bound_s", "speedup", "imbalance",
+        "exposed_comm_fraction", "peak_memory_bytes", "plan_time_ms"}
+rows = [r for r in doc["results"] if r["error"] is None]
+assert len(rows) >= 4, rows
+for r in rows:
+    assert keys <= set(r), (keys - set(r))
+    assert r["step_time_s"] >= r["lower_bound_s"] > 0, r
+    assert r["imbalance"] >= 1.0 - 1e-12, r
+PY
+
+code=$(run "$work/compare.csv" "$work/err" "$ballast" compare --steps 1 --format csv --strategies packed-dp,hybrid-dp --baseline packed-dp)
+check "compare csv exits 0" test "$code" = 0
+check "compare csv header" has "$work/compare.csv" "strategy,step_time_s,lower_bound_s"
+check "compare csv rows" test "$(wc -l < "$work/compare.csv")" = 3
+
+code=$(run "$work/scenario.txt" "$work/err" "$ballast" compare --scenario prolong-a800 --steps 1 --strategies packed-dp,hybrid-dp)
+check "compare scenario exits 0" test "$code" = 0
+check "compare scenario uses its cluster" has "$work/scenario.txt" "a800-roce"
+
+# --- plan, validate, simulate ---
+code=$(run "$work/plan.json" "$work/err" "$ballast" plan --strategy hybrid-dp --nodes 1 --tokens-per-step 200000)
+check "plan exits 0" test "$code" = 0
+check "plan json parses" json_ok "$work/plan.json"
+"$ballast" plan --strategy hybrid-dp --nodes 1 --tokens-per-step 200000 -o "$work/plan2.json"
+check "plan is deterministic" cmp -s "$work/plan.json" "$work/plan2.json"
+
+code=$(run "$work/valid.txt" "$work/err" "$ballast" validate "$work/plan.json")
+check "validate good plan exits 0" test "$code" = 0
+check "validate says valid" has "$work/valid.txt" "valid"
+
+/usr/bin/python3 - "$work/plan.json" "$work/bad.json" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+group = plan["micro_batches"][0]["groups"][0]
+chunk = group["sequences"][0]["chunks"][0]
+chunk[2] -= 1          # drop the last token of the first chunk
+json.dump(plan, open(sys.argv[2], "w"))
+PY
+code=$(run "$work/invalid.txt" "$work/err" "$ballast" validate "$work/bad.json")
+check "validate bad plan exits 1" test "$code" = 1
+check "validate names the violation" has "$work/invalid.txt" "invalid"
+code=$(run "$work/sim.txt" "$work/err" "$ballast" simulate --plan "$work/bad.json")
+check "simulate refuses an invalid plan" test "$code" = 2
+
+code=$(run "$work/sim.txt" "$work/err" "$ballast" simulate --plan "$work/plan.json" --trace "$work/trace.json")
+check "simulate plan exits 0" test "$code" = 0
+check "simulate prints step time" has "$work/sim.txt" "lower bound"
+check "trace parses" json_ok "$work/trace.json"
+check "trace has events" has "$work/trace.json" "traceEvents"
+code=$(run "$work/sim.json" "$work/err" "$ballast" simulate --strategy static-cp --nodes 1 --tokens-per-step 200000 --steps 2 --format json)
+check "simulate json exits 0" test "$code" = 0
+check "simulate json parses" json_ok "$work/sim.json"
+code=$(run "$work/sim.csv" "$work/err" "$ballast" simulate --strategy packed-dp --nodes 1 --tokens-per-step 100000 --max-context 8192 --format csv)
+check "simulate csv has a row per rank" test "$(wc -l < "$work/sim.csv")" = 9
+
+# --- bad input: one-line message naming the input, exit 2, never a crash ---
+expect_error() {  # expect_error NAME TEXT args...
+  local name="$1" text="$2"; shift 2
+  local code; code=$(run "$work/out" "$work/err" "$ballast" "$@")
+  check "$name exits 2" test "$code" = 2
+  check "$name message" has "$work/err" "$text"
+}
+printf '100\n-5\n200\n' > "$work/negative.txt"
+printf '100\nabc\n' > "$work/garbage.txt"
+printf '100\n0\n' > "$work/zero.txt"
+printf '[1, 2,' > "$work/broken.json"
+printf '{"nodes": 2}' > "$work/cluster.json"
+expect_error "unknown cluster" "h100" compare --cluster nope
+expect_error "unknown model" "llama-7b" compare --model nope
+expect_error "unknown strategy" "packed-dp" compare --strategies nope
+expect_error "unknown dataset" "wlbllm" compare --dataset nope
+expect_error "unknown scenario" "default" compare --scenario nope
+expect_error "unknown cost model" "analytical" compare --cost-model nope
+expect_error "missing lengths file" "no-such-file" compare --lengths "$work/no-such-file.txt"
+expect_error "negative length" "negative.txt" compare --lengths "$work/negative.txt"
+expect_error "garbage length" "garbage.txt" compare --lengths "$work/garbage.txt"
+expect_error "zero length" "zero.txt" compare --lengths "$work/zero.txt"
+expect_error "broken json lengths" "broken.json" compare --lengths "$work/broken.json"
+expect_error "incomplete cluster file" "cluster.json" compare --cluster "$work/cluster.json"
+expect_error "zero nodes" "--nodes" compare --nodes 0
+expect_error "both budgets" "--batch-size" compare --batch-size 10 --tokens-per-step 1000
+expect_error "unknown format" "--format" compare --format xml
+expect_error "malformed plan" "broken.json" validate "$work/broken.json"
+expect_error "missing plan" "no-plan.json" validate "$work/no-plan.json"
+expect_error "profiled model mismatch" "analytical" compare --cost-model flexsp-a100-192k --model llama-7b
+printf '2000000\n1000\n' > "$work/huge.txt"
+expect_error "too long for packed-dp" "(2,000,000 tokens)" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --max-context 4000000 --nodes 1
+expect_error "over-context error policy" "--max-context" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --over-context error
+
+echo "cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,260 @@
+// ballast list / plan / validate / simulate / compare: resolve flags, call the library,
+// write the chosen format.
+#include "commands.hpp"
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include "ballast/error.hpp"
+#include "ballast/json_file.hpp"
+#include "ballast/report.hpp"
+
+namespace ballast::cli {
+
+namespace {
+
+/// stdout, or the -o file (created/truncated).
+class Output {
+ public:
+  explicit Output(const std::string& path) {
+    if (path.empty()) return;
+    file_ = std::make_unique<std::ofstream>(path, std::ios::binary | std::ios::trunc);
+    if (!*file_) throw InputError(fmt::format("-o {}: cannot write this file; check the path", path));
+  }
+  std::ostream& stream() { return file_ ? *file_ : std::cout; }
+
+ private:
+  std::unique_ptr<std::ofstream> file_;
+};
+
+RunSettings settings_from(const WorkloadFlags& flags, int default_steps) {
+  RunSettings settings;
+  settings.steps = default_steps;
+  apply_workload_flags(flags, settings);
+  return settings;
+}
+
+void list_section(const std::string& title, const std::vector<std::pair<std::string, std::string>>& rows,
+                  std::ostream& out) {
+  fmt::print(out, "{}:\n", title);
+  for (const auto& [name, description] : rows) fmt::print(out, "  {:<24} {}\n", name, description);
+}
+
+std::vector<Plan> read_plans(const std::string& path) {
+  const nlohmann::json json = read_json_file(path);
+  std::vector<Plan> plans;
+  if (json.is_array()) {
+    for (std::size_t i = 0; i < json.size(); ++i) {
+      plans.push_back(plan_from_json(json[i], fmt::format("{}[{}]", path, i)));
+    }
+  } else {
+    plans.push_back(plan_from_json(json, path));
+  }
+  if (plans.empty()) throw InputError(fmt::format("{}: holds no plan (an empty array)", path));
+  return plans;
+}
+
+std::unique_ptr<CostModel> cost_model_of(const Plan& plan) {
+  return make_cost_model(plan.cost_model, plan.cluster, plan.model);
+}
+
+}  // namespace
+
+int run_list(const std::string& what, std::ostream& out) {
+  const bool all = what.empty() || what == "all";
+  bool known = all;
+  if (all || what == "datasets") {
+    known = true;
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (const auto& info : bundled_datasets()) rows.emplace_back(info.name, info.description);
+    list_section("datasets (--dataset; or --lengths FILE)", rows, out);
+  }
+  if (all || what == "clusters") {
+    known = true;
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (const auto& name : cluster_preset_names()) {
+      const Cluster c = cluster_preset(name);
+      rows.emplace_back(name, fmt::format("{} nodes x {} {} ({:.0f} GiB), {} x {:.0f} GB/s NICs per node",
+                                          c.nodes, c.gpus_per_node, c.gpu_name,
+                                          c.gpu_memory_bytes / kGiB, c.nics_per_node,
+                                          c.nic_bw_bytes_per_s / kGB));
+    }
+    list_section("clusters (--cluster; --nodes N changes the node count; or a JSON file)", rows, out);
+  }
+  if (all || what == "models") {
+    known = true;
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (const auto& name : model_preset_names()) {
+      const Model m = model_preset(name);
+      rows.emplace_back(name, fmt::format("{:.1f}B params, {} layers, hidden {}, {} heads / {} KV heads",
+                                          m.parameters / 1e9, m.layers, m.hidden, m.heads, m.kv_heads));
+    }
+    list_section("models (--model; or a JSON file)", rows, out);
+  }
+  if (all || what == "strategies") {
+    known = true;
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (const auto& planner : planners()) rows.emplace_back(planner->name(), planner->description());
+    list_section("strategies (--strategy / --strategies)", rows, out);
+  }
+  if (all || what == "cost-models") {
+    known = true;
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (const auto& name : cost_model_names()) rows.emplace_back(name, "");
+    list_section("cost models (--cost-model; or a JSON file)", rows, out);
+  }
+  if (all || what == "scenarios") {
+    known = true;
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (const auto& scenario : scenarios()) rows.emplace_back(scenario.name, scenario.description);
+    list_section("scenarios (ballast compare --scenario NAME)", rows, out);
+  }
+  if (!known) {
+    throw InputError(fmt::format("ballast list {}: unknown list; use datasets, clusters, models, "
+                                 "strategies, cost-models or scenarios",
+                                 what));
+  }
+  return 0;
+}
+
+int run_plan(const PlanArgs& args) {
+  const Format format = parse_format(args.output.format);
+  if (format == Format::csv) throw InputError("ballast plan writes JSON; use --format json or text");
+  const RunSettings settings = settings_from(args.workload, 1);
+  const RunInputs inputs = resolve_inputs(settings);
+  const Planner& planner = find_planner(args.strategy);
+  Output output(args.output.output_path);
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  std::string text;
+  for (const Batch& batch : inputs.batches) {
+    const Plan plan = planner.plan(batch, *inputs.cost, settings.planner);
+    require_valid(plan, *inputs.cost, "made by " + args.strategy);
+    if (inputs.batches.size() == 1) {
+      text = plan_to_string(plan);
+    } else {
+      all.push_back(nlohmann::ordered_json::parse(plan_to_string(plan)));
+    }
+  }
+  output.stream() << (inputs.batches.size() == 1 ? text : all.dump(1) + "\n");
+  return 0;
+}
+
+int run_validate(const ValidateArgs& args) {
+  const Format format = parse_format(args.format);
+  const std::vector<Plan> plans = read_plans(args.plan_path);
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  bool all_ok = true;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const Plan& plan = plans[i];
+    const std::string name = plans.size() == 1 ? args.plan_path : fmt::format("{}[{}]", args.plan_path, i);
+    const auto cost = cost_model_of(plan);
+    const ValidationResult result = validate(plan, *cost);
+    all_ok = all_ok && result.ok;
+    std::size_t groups = 0;
+    for (const auto& mb : plan.micro_batches) groups += mb.groups.size();
+    if (format == Format::json) {
+      results.push_back({{"plan", name}, {"valid", result.ok},
+                         {"message", result.ok ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(result.message)}});
+    } else if (result.ok) {
+      const auto memory = peak_memory_bytes_per_rank(plan, *cost);
+      const Bytes peak = memory.empty() ? 0 : *std::max_element(memory.begin(), memory.end());
+      fmt::print("{}: valid: strategy {}, {} sequences, {} micro-batches, {} groups, peak memory "
+                 "{:.2f} GiB of {:.2f} GiB\n",
+                 name, plan.strategy, plan.sequence_lengths_tokens.size(), plan.micro_batches.size(),
+                 groups, peak / kGiB, cost->memory_limit_bytes() / kGiB);
+    } else {
+      fmt::print("{}: invalid: {}\n", name, result.message);
+    }
+  }
+  if (format == Format::json) std::cout << results.dump(1) << "\n";
+  return all_ok ? 0 : kExitInvalidPlan;
+}
+
+int run_simulate(const SimulateArgs& args) {
+  const Format format = parse_format(args.output.format);
+  std::vector<Plan> plans;
+  std::unique_ptr<CostModel> cost;
+  if (!args.plan_path.empty()) {
+    if (!args.strategy.empty()) throw InputError("give either --plan or --strategy, not both");
+    plans = read_plans(args.plan_path);
+    cost = cost_model_of(plans.front());
+  } else {
+    if (args.strategy.empty()) {
+      throw InputError("ballast simulate needs --strategy NAME (see `ballast list strategies`) "
+                       "or --plan FILE");
+    }
+    const RunSettings settings = settings_from(args.workload, 1);
+    RunInputs inputs = resolve_inputs(settings);
+    const Planner& planner = find_planner(args.strategy);
+    for (const Batch& batch : inputs.batches) {
+      plans.push_back(planner.plan(batch, *inputs.cost, settings.planner));
+    }
+    cost = std::move(inputs.cost);
+  }
+  Output output(args.output.output_path);
+  std::ostream& out = output.stream();
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  if (format == Format::csv) write_report_csv_header(out);
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const auto plan_cost = args.plan_path.empty() ? nullptr : cost_model_of(plans[i]);
+    const CostModel& step_cost = plan_cost ? *plan_cost : *cost;
+    SimulationOptions options;
+    options.record_trace = i == 0 && !args.trace_path.empty();
+    const SimulationReport report = simulate(plans[i], step_cost, options);
+    if (options.record_trace) {
+      std::ofstream trace(args.trace_path, std::ios::binary | std::ios::trunc);
+      if (!trace) throw InputError(fmt::format("--trace {}: cannot write this file", args.trace_path));
+      write_chrome_trace(report, trace);
+    }
+    if (format == Format::text) {
+      fmt::print(out, "step {}: ", plans[i].step);
+      write_report_text(report, step_cost.cluster(), out);
+    } else if (format == Format::csv) {
+      write_report_csv_rows(report, plans[i].step, step_cost.cluster(), out);
+    } else {
+      auto json = report_to_json(report);
+      json["step"] = plans[i].step;
+      steps.push_back(json);
+    }
+  }
+  if (format == Format::json) {
+    nlohmann::ordered_json json;
+    json["schema"] = "ballast.simulate/1";
+    json["steps"] = steps;
+    out << json.dump(1) << "\n";
+  }
+  if (!args.trace_path.empty() && format == Format::text) {
+    fmt::print(out, "trace of step {} written to {} (open in ui.perfetto.dev)\n", plans.front().step,
+               args.trace_path);
+  }
+  return 0;
+}
+
+int run_compare(const CompareArgs& args) {
+  const Format format = parse_format(args.output.format);
+  RunSettings settings;
+  if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
+  apply_workload_flags(args.workload, settings);
+  if (!args.strategies.empty()) settings.strategies = split_list(args.strategies);
+  if (!args.baseline.empty()) settings.baseline = args.baseline;
+  const CompareResult result = ballast::run_compare(settings);
+  Output output(args.output.output_path);
+  std::ostream& out = output.stream();
+  if (format == Format::text) {
+    if (!args.scenario.empty()) fmt::print(out, "scenario {}\n", args.scenario);
+    write_compare_text(result, out);
+  } else if (format == Format::csv) {
+    write_compare_csv(result, out);
+  } else {
+    auto json = compare_to_json(result);
+    if (!args.scenario.empty()) json["settings"]["scenario"] = args.scenario;
+    out << json.dump(1) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace ballast::cli

@@ -1,0 +1,48 @@
+// The ballast subcommands. Each returns the process exit code.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "options.hpp"
+
+namespace ballast::cli {
+
+/// Exit codes (docs/cli.md): 0 success, 1 the plan is invalid, 2 bad input or usage,
+/// 3 internal error (a bug: please report it).
+inline constexpr int kExitInvalidPlan = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitInternal = 3;
+
+struct PlanArgs {
+  WorkloadFlags workload;
+  OutputFlags output;
+  std::string strategy;
+};
+struct SimulateArgs {
+  WorkloadFlags workload;
+  OutputFlags output;
+  std::string strategy;
+  std::string plan_path;
+  std::string trace_path;
+};
+struct CompareArgs {
+  WorkloadFlags workload;
+  OutputFlags output;
+  std::string strategies;
+  std::string baseline;
+  std::string scenario;
+};
+struct ValidateArgs {
+  std::string plan_path;
+  std::string format = "text";
+};
+
+int run_list(const std::string& what, std::ostream& out);
+int run_plan(const PlanArgs& args);
+int run_simulate(const SimulateArgs& args);
+int run_compare(const CompareArgs& args);
+int run_validate(const ValidateArgs& args);
+
+}  // namespace ballast::cli

@@ -1,0 +1,100 @@
+// The shared workload/output flags of the ballast CLI.
+#include "options.hpp"
+
+#include <fmt/format.h>
+
+#include "ballast/error.hpp"
+
+namespace ballast::cli {
+
+void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
+  command.add_option("--dataset", flags.dataset,
+                     "bundled dataset (wlbllm, prolong, wikipedia, magi; see `ballast list "
+                     "datasets`) or a length file [default: wlbllm]");
+  command.add_option("--lengths", flags.lengths_file,
+                     "length file: one length per line, a JSON array, or a histogram CSV");
+  command.add_option("--cluster", flags.cluster, "cluster preset or JSON file [default: h100]");
+  command.add_option("--nodes", flags.nodes, "override the cluster's node count");
+  command.add_option("--model", flags.model, "model preset or JSON file [default: llama-7b]");
+  command.add_option("--cost-model", flags.cost_model,
+                     "analytical, a profiled preset (flexsp-a100-192k, flexsp-a100-384k) or a "
+                     "JSON file [default: analytical]");
+  command.add_option("--steps", flags.steps, "number of global batches (steps) [default: 4; plan: 1]");
+  command.add_option("--seed", flags.seed, "sampler seed [default: 0]");
+  command.add_option("--tokens-per-step", flags.tokens_per_step,
+                     "token budget per global batch [default: 1048576]");
+  command.add_option("--batch-size", flags.batch_size,
+                     "sequences per global batch (instead of --tokens-per-step)");
+  command.add_option("--max-context", flags.max_context,
+                     "longest sequence kept [default: 131072]");
+  command.add_option("--over-context", flags.over_context,
+                     "documents longer than --max-context: drop (default, as the papers do), "
+                     "truncate or error");
+  command.add_option("--sampling", flags.sampling,
+                     "random (i.i.d., seeded; default) or sequential (consecutive documents)");
+  command.add_option("--degree", flags.degree,
+                     "fixed SP/CP degree for static strategies [default: the smallest that fits]");
+}
+
+void add_output_flags(CLI::App& command, OutputFlags& flags, bool csv_allowed) {
+  command.add_option("--format", flags.format,
+                     csv_allowed ? "output format: text, csv or json [default: text]"
+                                 : "output format: text or json [default: text]");
+  command.add_option("-o,--output", flags.output_path, "write to FILE instead of stdout");
+}
+
+void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings) {
+  if (flags.dataset && flags.lengths_file) {
+    throw InputError("give either --dataset or --lengths, not both");
+  }
+  if (flags.tokens_per_step && flags.batch_size) {
+    throw InputError("give either --tokens-per-step or --batch-size, not both");
+  }
+  if (flags.dataset) settings.dataset = *flags.dataset;
+  if (flags.lengths_file) settings.dataset = *flags.lengths_file;
+  if (flags.cluster) settings.cluster = *flags.cluster;
+  if (flags.nodes) settings.nodes = *flags.nodes;
+  if (flags.model) settings.model = *flags.model;
+  if (flags.cost_model) settings.cost_model = *flags.cost_model;
+  if (flags.steps) settings.steps = *flags.steps;
+  if (flags.degree) settings.planner.degree = *flags.degree;
+  auto& sampler = settings.sampler;
+  if (flags.seed) sampler.seed = *flags.seed;
+  if (flags.tokens_per_step) {
+    sampler.tokens_per_step = *flags.tokens_per_step;
+    sampler.batch_size.reset();
+  }
+  if (flags.batch_size) {
+    sampler.batch_size = *flags.batch_size;
+    sampler.tokens_per_step.reset();
+  }
+  if (flags.max_context) sampler.max_context_tokens = *flags.max_context;
+  if (flags.over_context) sampler.over_context = parse_over_context_policy(*flags.over_context);
+  if (flags.sampling) sampler.order = parse_sampling_order(*flags.sampling);
+  if (settings.nodes && *settings.nodes < 1) {
+    throw InputError(fmt::format("--nodes {} must be at least 1", *settings.nodes));
+  }
+}
+
+Format parse_format(const std::string& text) {
+  if (text == "text") return Format::text;
+  if (text == "csv") return Format::csv;
+  if (text == "json") return Format::json;
+  throw InputError(fmt::format("--format {}: unknown format; use text, csv or json", text));
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::string current;
+  for (char c : text + ",") {
+    if (c == ',') {
+      if (!current.empty()) items.push_back(current);
+      current.clear();
+    } else if (c != ' ') {
+      current += c;
+    }
+  }
+  return items;
+}
+
+}  // namespace ballast::cli

@@ -1,0 +1,39 @@
+// Flags shared by `ballast plan`, `simulate` and `compare`, and how they combine with
+// a scenario (explicit flags win).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "ballast/compare.hpp"
+
+namespace ballast::cli {
+
+enum class Format { text, csv, json };
+
+/// Raw flag values; std::nullopt = not given on the command line.
+struct WorkloadFlags {
+  std::optional<std::string> dataset, lengths_file, cluster, model, cost_model;
+  std::optional<int> nodes, steps, degree;
+  std::optional<std::uint64_t> seed;
+  std::optional<Tokens> tokens_per_step, max_context;
+  std::optional<std::int64_t> batch_size;
+  std::optional<std::string> over_context, sampling;
+};
+
+struct OutputFlags {
+  std::string format = "text";
+  std::string output_path;  ///< empty: stdout
+};
+
+void add_workload_flags(CLI::App& command, WorkloadFlags& flags);
+void add_output_flags(CLI::App& command, OutputFlags& flags, bool csv_allowed = true);
+
+/// Applies the flags that were given onto `settings` (after defaults and any scenario).
+void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings);
+Format parse_format(const std::string& text);
+std::vector<std::string> split_list(const std::string& text);
+
+}  // namespace ballast::cli
