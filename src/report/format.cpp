@@ -18,8 +18,12 @@ std::string budget_text(const SamplerOptions& sampler) {
 std::string over_context_text(const CompareResult& result) {
   const auto& stats = result.sampler_stats;
   const auto& sampler = result.settings.sampler;
-  std::string text = fmt::format("documents over --max-context {}: policy {}",
-                                 with_thousands(sampler.max_context_tokens),
+  // The sampler also applies the policy to documents longer than the token budget.
+  const bool budget_binds = sampler.tokens_per_step && *sampler.tokens_per_step < sampler.max_context_tokens;
+  std::string text = fmt::format("documents longer than {} {}: policy {}",
+                                 budget_binds ? "the token budget" : "--max-context",
+                                 with_thousands(budget_binds ? *sampler.tokens_per_step
+                                                             : sampler.max_context_tokens),
                                  to_string(sampler.over_context));
   if (sampler.over_context == OverContextPolicy::drop) {
     text += fmt::format(", dropped {} ({} tokens)", with_thousands(stats.dropped_documents),
@@ -37,8 +41,8 @@ void write_compare_text(const CompareResult& result, std::ostream& out) {
   fmt::print(out, "dataset {}\n", result.dataset_description);
   fmt::print(out, "cluster {}, model {}, cost model {}\n", result.cluster_description,
              settings.model, settings.cost_model);
-  fmt::print(out, "{} steps, seed {}, {} sampling, {}; mean {} sequences / {} tokens per step\n",
-             settings.steps, settings.sampler.seed, to_string(settings.sampler.order),
+  fmt::print(out, "{} step{}, seed {}, {} sampling, {}; mean {} sequences / {} tokens per step\n",
+             settings.steps, settings.steps == 1 ? "" : "s", settings.sampler.seed, to_string(settings.sampler.order),
              budget_text(settings.sampler), with_thousands(result.sequences_per_step),
              with_thousands(result.tokens_per_step));
   fmt::print(out, "{}\n\n", over_context_text(result));
