@@ -15,6 +15,7 @@
 #include "ballast/cost_model.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/text.hpp"
 #include "ballast/workload.hpp"
 
 namespace ballast {
@@ -93,8 +94,5 @@ std::vector<Scenario> scenarios();
 const Scenario& find_scenario(const std::string& name);
 /// Applies a scenario's settings onto `settings` (the CLI then applies explicit flags).
 void apply_scenario(const Scenario& scenario, RunSettings& settings);
-
-/// "1,048,576"
-std::string with_thousands(std::int64_t value);
 
 }  // namespace ballast

@@ -10,6 +10,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/text.hpp"
 #include "plan_internal.hpp"
 
 namespace ballast {
@@ -34,15 +35,6 @@ std::string group_label(std::size_t micro_batch, std::size_t group_index,
                         const AttentionGroup& group) {
   return fmt::format("micro-batch {}, group {} ({})", micro_batch, group_index,
                      scheme_name(group.scheme));
-}
-
-/// 37120 -> "37,120" (fixed separator: messages must not depend on the locale).
-std::string with_thousands(std::int64_t number) {
-  std::string digits = std::to_string(number < 0 ? -number : number);
-  for (auto at = static_cast<std::ptrdiff_t>(digits.size()) - 3; at > 0; at -= 3) {
-    digits.insert(static_cast<std::size_t>(at), ",");
-  }
-  return number < 0 ? "-" + digits : digits;
 }
 
 std::string gib(Bytes bytes, int decimals = 1) {

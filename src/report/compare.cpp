@@ -128,14 +128,4 @@ CompareResult run_compare(const RunSettings& settings) {
   return compare;
 }
 
-std::string with_thousands(std::int64_t value) {
-  std::string digits = std::to_string(value < 0 ? -value : value);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return value < 0 ? "-" + out : out;
-}
-
 }  // namespace ballast

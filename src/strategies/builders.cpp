@@ -21,16 +21,6 @@ std::int64_t next_power_of_two(std::int64_t value) {
   return power;
 }
 
-std::string format_count(std::int64_t value) {
-  std::string digits = std::to_string(value < 0 ? -value : value);
-  std::string grouped;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) grouped += ',';
-    grouped += digits[i];
-  }
-  return value < 0 ? "-" + grouped : grouped;
-}
-
 std::vector<int> consecutive_ranks(int first_rank, int count) {
   std::vector<int> ranks(static_cast<std::size_t>(count));
   for (int i = 0; i < count; ++i) ranks[static_cast<std::size_t>(i)] = first_rank + i;

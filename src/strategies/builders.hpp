@@ -13,6 +13,7 @@
 #include "ballast/cost_model.hpp"
 #include "ballast/plan.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/text.hpp"
 #include "ballast/workload.hpp"
 
 namespace ballast::strategies {
@@ -29,8 +30,6 @@ std::unique_ptr<Planner> make_hybrid_dp_planner();
 bool is_power_of_two(std::int64_t value);
 /// Smallest power of two >= value (value >= 1).
 std::int64_t next_power_of_two(std::int64_t value);
-/// "1,234,567": token counts in messages.
-std::string format_count(std::int64_t value);
 /// Ranks first, first+1, ..., first+count-1.
 std::vector<int> consecutive_ranks(int first_rank, int count);
 

@@ -148,8 +148,8 @@ int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
   const int largest = degrees.back();
   throw PlanningError(fmt::format(
       "{} cannot run sequence {} ({} tokens): degree {} groups hold {} tokens and {}; {}", strategy,
-      id, format_count(length), largest,
-      format_count(max_sequence_tokens_at(cost, scheme, largest)),
+      id, with_thousands(length), largest,
+      with_thousands(max_sequence_tokens_at(cost, scheme, largest)),
       degree_limit_reason(cost, scheme, largest), what_to_do(scheme)));
 }
 
@@ -170,8 +170,8 @@ int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptio
                                                         fitting.front(), join_ints(fitting));
   throw PlanningError(fmt::format(
       "{} cannot run sequence {} ({} tokens) at --degree {}: degree-{} groups hold {} tokens; {}",
-      strategy, id, format_count(length), degree, degree,
-      format_count(max_sequence_tokens_at(cost, scheme, degree)), fix));
+      strategy, id, with_thousands(length), degree, degree,
+      with_thousands(max_sequence_tokens_at(cost, scheme, degree)), fix));
 }
 
 }  // namespace ballast::strategies

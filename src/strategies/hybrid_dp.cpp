@@ -36,7 +36,7 @@ int sequence_degree(std::int64_t id, Tokens length, Tokens ring_tokens_per_rank,
   throw PlanningError(fmt::format(
       "{} cannot run sequence {} ({} tokens): the largest ring ({} of the {} ranks) holds {} "
       "tokens; lower --max-context or add --nodes",
-      kName, id, format_count(length), largest, ranks, format_count(held)));
+      kName, id, with_thousands(length), largest, ranks, with_thousands(held)));
 }
 
 /// Sequences with their degrees, in placement order: proxy descending, id ascending.

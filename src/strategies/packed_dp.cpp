@@ -43,7 +43,7 @@ class PackedDpPlanner final : public Planner {
             "{} cannot run sequence {} ({} tokens): one GPU holds {} tokens and packed-dp never "
             "splits a sequence; use a strategy that splits sequences (static-cp, hybrid-dp) or "
             "lower --max-context",
-            kName, id, format_count(length), format_count(capacity_tokens)));
+            kName, id, with_thousands(length), with_thousands(capacity_tokens)));
       }
       items.push_back({static_cast<std::int64_t>(id), length});
     }

@@ -49,9 +49,9 @@ TEST(Helpers, PowersOfTwoAndCounts) {
   EXPECT_EQ(next_power_of_two(1), 1);
   EXPECT_EQ(next_power_of_two(5), 8);
   EXPECT_EQ(next_power_of_two(8), 8);
-  EXPECT_EQ(format_count(300000), "300,000");
-  EXPECT_EQ(format_count(999), "999");
-  EXPECT_EQ(format_count(1234567), "1,234,567");
+  EXPECT_EQ(with_thousands(300000), "300,000");
+  EXPECT_EQ(with_thousands(999), "999");
+  EXPECT_EQ(with_thousands(1234567), "1,234,567");
 }
 
 TEST(BestFitDecreasing, HandChecked) {
