@@ -14,6 +14,12 @@ namespace {
 // A step that drops this many documents in a row is almost surely starved (nearly every
 // document is over the limit); stop instead of spinning.
 constexpr std::int64_t kMaxConsecutiveDrops = 1'000'000;
+/// Bounds that turn a near-impossible request (say --max-context 1 with a 1M-token
+/// budget) into a clear error instead of an hours-long loop: documents drawn for one
+/// step, and sequences in one batch (far above the 10^5-sequence batches planners are
+/// sized for).
+constexpr std::int64_t kMaxDrawsPerStep = 10'000'000;
+constexpr std::int64_t kMaxBatchSequences = 1'000'000;
 
 /// The high and low 64-bit halves of a * b, portably (no __int128 under -Wpedantic).
 void multiply_64x64_to_128(std::uint64_t a, std::uint64_t b, std::uint64_t& high,
@@ -82,7 +88,7 @@ void validate_against_dataset(const Dataset& dataset, const SamplerOptions& opti
   }
   if (dataset.is_histogram() && options.order == SamplingOrder::sequential) {
     throw InputError(
-        fmt::format("dataset '{}' is a histogram, which has no document order; use --order random "
+        fmt::format("dataset '{}' is a histogram, which has no document order; use --sampling random "
                     "(sequential order needs a file of individual lengths)",
                     dataset.name));
   }
@@ -193,8 +199,22 @@ Batch BatchSampler::next() {
   };
   Tokens total_tokens = 0;
   std::int64_t consecutive_drops = 0;
+  std::int64_t draws = 0;
   while (!options_.batch_size ||
          static_cast<std::int64_t>(batch.lengths_tokens.size()) < *options_.batch_size) {
+    if (++draws > kMaxDrawsPerStep) {
+      throw InputError(fmt::format(
+          "step {}: drew {} documents of '{}' without filling the batch (kept {}, dropped {} so "
+          "far): most documents are longer than {}; raise it or lower the token budget",
+          batch.step, kMaxDrawsPerStep, dataset_.name, batch.lengths_tokens.size(),
+          stats_.dropped_documents, binding_limit_flag(options_)));
+    }
+    if (static_cast<std::int64_t>(batch.lengths_tokens.size()) >= kMaxBatchSequences) {
+      throw InputError(fmt::format(
+          "step {}: the batch would hold more than {} sequences; lower --tokens-per-step or "
+          "--batch-size, or raise --max-context",
+          batch.step, kMaxBatchSequences));
+    }
     Tokens length = draw_document_tokens();
     bool truncated = false;
     if (length > limit_tokens) {

@@ -125,6 +125,16 @@ expect_error "zero length" "zero.txt" compare --lengths "$work/zero.txt"
 expect_error "broken json lengths" "broken.json" compare --lengths "$work/broken.json"
 expect_error "incomplete cluster file" "cluster.json" compare --cluster "$work/cluster.json"
 expect_error "zero nodes" "--nodes" compare --nodes 0
+expect_error "empty strategy list" "--strategies" compare --strategies ,
+expect_error "context too short to fill a batch" "--max-context 1" compare --max-context 1 --steps 1
+/usr/bin/python3 - "$source_dir/data/presets/example-cluster.json" "$work/impossible.json" <<'PY'
+import json, sys
+cluster = json.load(open(sys.argv[1]))
+cluster["nics_per_node"] = 3
+json.dump(cluster, open(sys.argv[2], "w"))
+PY
+expect_error "impossible cluster" "nics_per_node" compare --cluster "$work/impossible.json"
+expect_error "model too big for the cluster" "does not fit" compare --model gpt-30b --cluster a100-ib400 --nodes 1 --cost-model analytical
 expect_error "both budgets" "--batch-size" compare --batch-size 10 --tokens-per-step 1000
 expect_error "unknown format" "--format" compare --format xml
 expect_error "malformed plan" "broken.json" validate "$work/broken.json"

@@ -590,5 +590,40 @@ TEST(SamplerHistogram, DrawsFollowBinFrequencies) {
   }
 }
 
+
+// ---- sampler: bounded work on near-impossible requests ----------------------------------
+
+TEST(SamplerGuards, RareShortDocumentsStopWithAClearErrorInsteadOfLooping) {
+  // One document in a thousand fits: ten million draws keep ~10,000 tokens, far short of
+  // the budget, so the draw bound (not the consecutive-drop bound) ends the step.
+  std::vector<Tokens> lengths(999, 5'000);
+  lengths.push_back(1);
+  const Dataset dataset = lengths_dataset(lengths);
+  SamplerOptions options;
+  options.tokens_per_step = 1'000'000;
+  options.max_context_tokens = 1;
+  BatchSampler sampler(dataset, options);
+  try {
+    sampler.next();
+    FAIL() << "expected InputError";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("without filling the batch"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("--max-context 1"), std::string::npos);
+  }
+}
+
+TEST(SamplerGuards, BatchesAreCappedAtAMillionSequences) {
+  const Dataset dataset = lengths_dataset({1});
+  SamplerOptions options;
+  options.tokens_per_step = 2'000'000;
+  BatchSampler sampler(dataset, options);
+  try {
+    sampler.next();
+    FAIL() << "expected InputError";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("more than 1000000 sequences"), std::string::npos) << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace ballast

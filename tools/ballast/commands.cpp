@@ -239,7 +239,13 @@ int run_compare(const CompareArgs& args) {
   RunSettings settings;
   if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
   apply_workload_flags(args.workload, settings);
-  if (!args.strategies.empty()) settings.strategies = split_list(args.strategies);
+  if (!args.strategies.empty()) {
+    settings.strategies = split_list(args.strategies);
+    if (settings.strategies.empty()) {
+      throw InputError("--strategies lists no strategy; give names like packed-dp,hybrid-dp "
+                       "(see `ballast list strategies`)");
+    }
+  }
   if (!args.baseline.empty()) settings.baseline = args.baseline;
   const CompareResult result = ballast::run_compare(settings);
   Output output(args.output.output_path);
