@@ -160,5 +160,29 @@ TEST(StrategyProperties, ProfiledCostModelToo) {
   for (const auto& planner : planners()) check_strategy(*planner, setup);
 }
 
+TEST(EstimateAgainstSimulator, UlyssesPlansAgreeWithinATenthOfAPercent) {
+  // batch-adaptive ranks degrees by estimate_plan_time_s; the simulator is the reference.
+  // Ulysses groups are disjoint and synchronous, so both must agree up to the one-token
+  // differences between members (the estimate takes each member's own sum).
+  for (const TestSetup& setup : {TestSetup{"a100-ib400", 2, "gpt-7b", "flexsp-a100-192k"},
+                                 TestSetup{"h100", 2, "llama-7b", "analytical"}}) {
+    const auto cost = make_cost(setup);
+    std::uint64_t state = 7;
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<Tokens> lengths;
+      for (int i = 0; i < 64; ++i) lengths.push_back(log_uniform_tokens(state, 5'000));
+      const Batch batch = make_batch(lengths, trial);
+      for (int degree : {1, 2, 4, 8}) {
+        PlannerOptions options;
+        options.degree = degree;
+        const Plan plan = find_planner("static-ulysses").plan(batch, *cost, options);
+        const double simulated_s = simulate(plan, *cost).step_time_s;
+        EXPECT_NEAR(estimate_plan_time_s(plan, *cost) / simulated_s, 1.0, 1e-3)
+            << setup.cluster << " degree " << degree << " trial " << trial;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ballast::strategies
