@@ -1,0 +1,75 @@
+// Planner and simulator latency on a fixed batch: each registered strategy plans (and the
+// simulator simulates) a 512-sequence wlbllm batch on 8 x 8 H100 with LLaMA-2-7B.
+// Run: build/bench/bench_planners [--benchmark_format=json]
+#include <benchmark/benchmark.h>
+
+#include <memory>
+
+#include "ballast/compare.hpp"
+#include "ballast/error.hpp"
+
+namespace {
+
+using namespace ballast;
+
+/// The batch and cost model every benchmark shares (sampled once, seed 0).
+struct Fixture {
+  std::unique_ptr<CostModel> cost;
+  Batch batch;
+};
+
+const Fixture& fixture() {
+  static const Fixture shared = [] {
+    RunSettings settings;  // defaults: wlbllm, h100 x 8 nodes, llama-7b, analytical
+    settings.steps = 1;
+    settings.sampler.batch_size = 512;
+    settings.sampler.tokens_per_step.reset();
+    RunInputs inputs = resolve_inputs(settings);
+    return Fixture{std::move(inputs.cost), inputs.batches.front()};
+  }();
+  return shared;
+}
+
+void plan_strategy(benchmark::State& state, const std::string& strategy) {
+  const Fixture& shared = fixture();
+  const Planner& planner = find_planner(strategy);
+  try {
+    for (auto _ : state) {
+      Plan plan = planner.plan(shared.batch, *shared.cost, {});
+      benchmark::DoNotOptimize(plan);
+    }
+  } catch (const PlanningError& error) {
+    state.SkipWithError(error.what());
+  }
+  state.counters["sequences"] = static_cast<double>(shared.batch.lengths_tokens.size());
+  state.counters["ranks"] = shared.cost->cluster().ranks();
+}
+
+void simulate_strategy(benchmark::State& state, const std::string& strategy) {
+  const Fixture& shared = fixture();
+  Plan plan;
+  try {
+    plan = find_planner(strategy).plan(shared.batch, *shared.cost, {});
+  } catch (const PlanningError& error) {
+    state.SkipWithError(error.what());
+    return;
+  }
+  for (auto _ : state) {
+    SimulationReport report = simulate(plan, *shared.cost);
+    benchmark::DoNotOptimize(report);
+  }
+}
+
+const bool registered = [] {
+  for (const std::string& name : planner_names()) {
+    benchmark::RegisterBenchmark(("plan/" + name).c_str(), plan_strategy, name)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("simulate/" + name).c_str(), simulate_strategy, name)
+        ->Unit(benchmark::kMillisecond);
+  }
+  return true;
+}();
+
+}  // namespace
+
+BENCHMARK_MAIN();
