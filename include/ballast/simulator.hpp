@@ -2,6 +2,7 @@
 // compute stream per rank and one queue per link port, and bounds the step from below.
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <span>
 #include <string>
@@ -37,9 +38,14 @@ struct LowerBound {
   Seconds compute_per_rank_s = 0;  ///< (sum of linear + attention-pair floors) / ranks
   Seconds overhead_s = 0;          ///< memory-forced micro-batches * per-micro-batch overhead
   Seconds gradient_sync_s = 0;
-  int min_micro_batches = 1;       ///< ceil(total tokens / (ranks * token capacity))
+  std::int64_t min_micro_batches = 1;  ///< ceil(total tokens / (ranks * token capacity))
   std::string binding;             ///< which term dominates, in words
 };
+
+/// step / lower bound - 1; 0 when the bound is 0 (an empty step).
+inline double gap_to_lower_bound(Seconds step_s, Seconds lower_bound_s) {
+  return lower_bound_s > 0 ? step_s / lower_bound_s - 1.0 : 0.0;
+}
 
 /// max(compute / ranks, ...) + overheads + gradient sync; no plan beats it.
 LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost);

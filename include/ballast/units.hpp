@@ -2,12 +2,30 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace ballast {
 
 using Tokens = std::int64_t;  ///< a count of tokens (64-bit everywhere)
 using Bytes = std::int64_t;   ///< a size in bytes
 using Seconds = double;       ///< a duration or time point in seconds (traces convert to us)
+
+/// The longest sequence ballast accepts anywhere (length files, batches, plans): 2^31
+/// tokens. It keeps every derived count in 64 bits: a document's causal pairs are at most
+/// 2^61, and a batch of 10^6 such documents totals under 2^51 tokens.
+inline constexpr Tokens kMaxSequenceTokens = Tokens{1} << 31;
+
+/// a * b, or the largest int64 when it would overflow (memory checks on absurd plans
+/// must fail, never wrap around and pass). Both factors must be >= 0.
+inline std::int64_t saturating_multiply(std::int64_t a, std::int64_t b) {
+  std::int64_t product = 0;
+  return __builtin_mul_overflow(a, b, &product) ? std::numeric_limits<std::int64_t>::max() : product;
+}
+/// a + b, or the largest int64 when it would overflow. Both terms must be >= 0.
+inline std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  std::int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<std::int64_t>::max() : sum;
+}
 
 inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 inline constexpr double kMiB = 1024.0 * 1024.0;

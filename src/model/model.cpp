@@ -50,11 +50,11 @@ double Model::qkv_flops_fraction() const {
 }
 
 Bytes Model::kv_bytes_per_token() const {
-  return static_cast<Bytes>(2) * kv_dim() * bytes_per_element;
+  return Bytes{2} * kv_dim() * bytes_per_element;
 }
 
 Bytes Model::qkv_bytes_per_token() const {
-  return static_cast<Bytes>(hidden + 2 * kv_dim()) * bytes_per_element;
+  return (Bytes{hidden} + Bytes{2} * kv_dim()) * bytes_per_element;
 }
 
 Bytes Model::hidden_bytes_per_token() const {

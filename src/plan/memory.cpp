@@ -46,12 +46,12 @@ Bytes group_transient_bytes(const AttentionGroup& group, const Model& model) {
   }
   switch (group.scheme) {
     case Scheme::ring:  // the KV block in use plus the one in flight
-      return 2 * model.kv_bytes_per_token() * largest_member_tokens;
+      return saturating_multiply(2 * model.kv_bytes_per_token(), largest_member_tokens);
     case Scheme::all_gather:  // the whole group's KV
-      return model.kv_bytes_per_token() * group_tokens;
+      return saturating_multiply(model.kv_bytes_per_token(), group_tokens);
     case Scheme::ulysses: {  // the full sequence's QKV for this rank's heads
       const auto size = static_cast<Tokens>(group.ranks.size());
-      return model.qkv_bytes_per_token() * ceil_div(group_tokens, size);
+      return saturating_multiply(model.qkv_bytes_per_token(), ceil_div(group_tokens, size));
     }
     case Scheme::local:
       break;
@@ -108,7 +108,8 @@ std::vector<RankPeak> rank_peaks(const Plan& plan, const CostModel& cost) {
       const Tokens tokens = std::max(usage.attention_tokens[rank], usage.linear_tokens[rank]);
       const Bytes transient = usage.transient_bytes[rank];
       if (tokens == 0 && transient == 0) continue;
-      const Bytes bytes = model_states + per_token * tokens + transient;
+      const Bytes bytes = saturating_add(
+          saturating_add(model_states, saturating_multiply(per_token, tokens)), transient);
       auto& peak = peaks[rank];
       if (peak.micro_batch >= 0 && bytes <= peak.peak_bytes) continue;
       peak = RankPeak{bytes, static_cast<int>(index), tokens, transient};

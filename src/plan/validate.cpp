@@ -222,6 +222,10 @@ Violation check_lengths(const Plan& plan) {
       return fmt::format("sequence {} has length {} tokens; lengths must be positive", id,
                          lengths[id]);
     }
+    if (lengths[id] > kMaxSequenceTokens) {
+      return fmt::format("sequence {} has length {} tokens, over ballast's limit of 2^31 = {}",
+                         id, lengths[id], kMaxSequenceTokens);
+    }
   }
   return std::nullopt;
 }

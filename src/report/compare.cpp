@@ -71,9 +71,13 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
     const auto start = std::chrono::steady_clock::now();
     try {
       plan = planner.plan(batch, *inputs.cost, options);
-    } catch (const PlanningError& error) {
-      result.error = error.what();
-      return result;
+    } catch (const InputError& error) {
+      // This strategy cannot run this batch (or these options, e.g. a --degree it
+      // cannot use): report it and keep comparing the others. No partial figures.
+      StrategyResult failed;
+      failed.strategy = name;
+      failed.error = error.what();
+      return failed;
     }
     const auto stop = std::chrono::steady_clock::now();
     const SimulationReport report = simulate(plan, *inputs.cost);
@@ -85,7 +89,7 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
     result.micro_batches += report.micro_batches / steps;
     result.peak_memory_bytes = std::max(result.peak_memory_bytes, report.peak_memory_bytes);
   }
-  result.gap_to_lower_bound = result.step_time_s / result.lower_bound_s - 1.0;
+  result.gap_to_lower_bound = gap_to_lower_bound(result.step_time_s, result.lower_bound_s);
   return result;
 }
 

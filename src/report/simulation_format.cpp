@@ -16,7 +16,7 @@ nlohmann::ordered_json report_to_json(const SimulationReport& report) {
   json["strategy"] = report.strategy;
   json["step_time_s"] = report.step_time_s;
   json["lower_bound_s"] = report.lower_bound.time_s;
-  json["gap_to_lower_bound"] = report.step_time_s / report.lower_bound.time_s - 1.0;
+  json["gap_to_lower_bound"] = gap_to_lower_bound(report.step_time_s, report.lower_bound.time_s);
   json["lower_bound"] = {{"compute_per_rank_s", report.lower_bound.compute_per_rank_s},
                          {"overhead_s", report.lower_bound.overhead_s},
                          {"gradient_sync_s", report.lower_bound.gradient_sync_s},
@@ -46,7 +46,7 @@ void write_report_text(const SimulationReport& report, const Cluster& cluster, s
   const auto& bound = report.lower_bound;
   fmt::print(out, "strategy {}: step {:.4f} s, lower bound {:.4f} s (gap {:.1f}%; {})\n",
              report.strategy, report.step_time_s, bound.time_s,
-             100.0 * (report.step_time_s / bound.time_s - 1.0), bound.binding);
+             100.0 * gap_to_lower_bound(report.step_time_s, bound.time_s), bound.binding);
   fmt::print(out,
              "  {} micro-batches, imbalance {:.3f} (max/mean busy), exposed communication "
              "{:.1f}%, peak memory {:.2f} GiB, gradient sync {:.4f} s\n",

@@ -47,9 +47,9 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
 
   LowerBound bound;
   // An empty batch needs no micro-batch (and pays no overhead).
-  bound.min_micro_batches = static_cast<int>(ceil_div(total_tokens, ranks * capacity_tokens));
+  bound.min_micro_batches = ceil_div(total_tokens, ranks * capacity_tokens);
   bound.compute_per_rank_s = total_compute_s(lengths_tokens, cost) / ranks;
-  bound.overhead_s = bound.min_micro_batches * overhead_s;
+  bound.overhead_s = static_cast<double>(bound.min_micro_batches) * overhead_s;
   bound.gradient_sync_s = cost.gradient_sync_time_s();
   // Every rank-micro-batch holding tokens holds at most `capacity` of them and pays the
   // overhead: at least ceil(total / capacity) such slots exist, shared by all ranks.

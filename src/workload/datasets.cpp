@@ -137,6 +137,11 @@ Batch make_batch(std::vector<Tokens> lengths_tokens, std::int64_t step) {
           "number of tokens",
           index, lengths_tokens[index]));
     }
+    if (lengths_tokens[index] > kMaxSequenceTokens) {
+      throw InputError(fmt::format(
+          "sequence {} of the batch has length {}, over ballast's limit of 2^31 = {} tokens",
+          index, lengths_tokens[index], kMaxSequenceTokens));
+    }
   }
   return Batch{step, std::move(lengths_tokens)};
 }

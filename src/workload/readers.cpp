@@ -17,7 +17,7 @@ namespace ballast {
 namespace {
 
 // Longer than any real document; a larger value almost surely means bytes or a typo.
-constexpr Tokens kMaxDocumentTokens = Tokens{1} << 40;
+constexpr Tokens kMaxDocumentTokens = kMaxSequenceTokens;  // 2^31, units.hpp
 constexpr std::size_t kExcerptChars = 40;
 // Spreadsheet exports often start with one; it is not part of the first value.
 constexpr std::string_view kUtf8ByteOrderMark = "\xEF\xBB\xBF";
@@ -68,7 +68,7 @@ Parsed parse_integer(std::string_view text, std::int64_t& value) {
 
 [[noreturn]] void throw_over_limit(const std::string& where, std::string_view text) {
   throw InputError(fmt::format(
-      "{}: length '{}' is over the limit of 2^40 = {} tokens; check that the file holds "
+      "{}: length '{}' is over the limit of 2^31 = {} tokens; check that the file holds "
       "token counts (not bytes or characters)",
       where, excerpt(text), kMaxDocumentTokens));
 }
@@ -233,14 +233,25 @@ LengthBin parse_histogram_row(const std::string& path, std::int64_t line_number,
 }
 
 void read_histogram(const std::string& path, std::string_view text, Dataset& dataset) {
+  // The bins' total must stay a valid int64 (Dataset::documents() sums them).
+  constexpr std::int64_t kMaxHistogramDocuments = std::int64_t{1} << 62;
   bool header_seen = false;
+  std::int64_t total_documents = 0;
   for_each_line(text, [&](std::int64_t line_number, std::string_view line) {
     if (is_skipped_line(line)) return;
     if (!header_seen && dataset.histogram.empty() && looks_like_histogram_header(line)) {
       header_seen = true;
       return;
     }
-    dataset.histogram.push_back(parse_histogram_row(path, line_number, line));
+    const LengthBin bin = parse_histogram_row(path, line_number, line);
+    if (bin.documents > kMaxHistogramDocuments - total_documents) {
+      throw InputError(fmt::format(
+          "{}:{}: the histogram's counts add up to more than 2^62 documents; check the count "
+          "column",
+          path, line_number));
+    }
+    total_documents += bin.documents;
+    dataset.histogram.push_back(bin);
   });
   if (!dataset.histogram.empty() && dataset.documents() == 0) {
     throw InputError(

@@ -64,6 +64,18 @@ code=$(run "$work/scenario.txt" "$work/err" "$ballast" compare --scenario prolon
 check "compare scenario exits 0" test "$code" = 0
 check "compare scenario uses its cluster" has "$work/scenario.txt" "a800-roce"
 
+# A strategy that fails on a later step reports the error and no partial figures.
+printf '[1000, 2000000]' > "$work/two.json"
+code=$(run "$work/partial.json" "$work/err" "$ballast" compare --lengths "$work/two.json" --sampling sequential --batch-size 1 --steps 2 --max-context 4000000 --strategies packed-dp,hybrid-dp --nodes 1 --format json)
+check "compare with a failing step exits 0" test "$code" = 0
+check "failed strategy has no partial figures" /usr/bin/python3 - "$work/partial.json" <<'PY'
+import json, sys
+rows = {r["strategy"]: r for r in json.load(open(sys.argv[1]))["results"]}
+failed = rows["packed-dp"]
+assert failed["error"] and "2,000,000 tokens" in failed["error"], failed
+assert failed["step_time_s"] == 0 and failed["micro_batches"] == 0 and failed["imbalance"] == 0, failed
+PY
+
 # --- plan, validate, simulate ---
 code=$(run "$work/plan.json" "$work/err" "$ballast" plan --strategy hybrid-dp --nodes 1 --tokens-per-step 200000)
 check "plan exits 0" test "$code" = 0

@@ -88,6 +88,18 @@ TEST(CausalPairs, ZigzagChunksAddUpToTheDocument) {
   EXPECT_EQ(pairs, causal_pairs(whole_document(length)));
 }
 
+TEST(AnalyticalAttention, LongestAllowedDocumentInClosedForm) {
+  // A 2^31-token document has 2^24 tile rows: counted in O(1), exactly n(n+1)/2 tiles.
+  const AnalyticalCostModel cost(cluster_with_tile(128), model_preset("llama-7b"));
+  const double tile_s = cost.attention_pair_floor_s(128.0 * 128.0, Pass::forward);
+  const std::vector<AttentionBlock> blocks = {whole_document(kMaxSequenceTokens)};
+  const double rows = static_cast<double>(kMaxSequenceTokens / 128);
+  EXPECT_NEAR(cost.attention_time_s(blocks, 1, Pass::forward) / tile_s / (rows * (rows + 1) / 2),
+              1.0, 1e-12);
+  EXPECT_EQ(causal_pairs(blocks.front()),
+            kMaxSequenceTokens / 2 * (kMaxSequenceTokens + 1));
+}
+
 TEST(AnalyticalAttention, TileCountMatchesBruteForce) {
   std::mt19937_64 rng(11);
   for (Tokens tile : {1, 3, 8, 16}) {

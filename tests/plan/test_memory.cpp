@@ -2,6 +2,8 @@
 // tokens + the largest one-layer attention buffer, per rank, maximised over micro-batches.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "ballast/plan.hpp"
 #include "plan/plan_fixtures.hpp"
 
@@ -96,6 +98,32 @@ TEST(Memory, PaddingTokensCount) {
   const Bytes kv = cost.model().kv_bytes_per_token();
   const auto peak = peak_memory_bytes_per_rank(plan, cost);
   EXPECT_EQ(peak[0], kModelStates + 1002 * kActivation + 2 * 1002 * kv);
+}
+
+TEST(Memory, SaturatesInsteadOfWrappingOnAbsurdPlans) {
+  // 5,000 local sequences of 2^31 tokens on rank 0: 2^43.3 tokens x 1 MiB per token does
+  // not fit in 64 bits. The peak must saturate (and fail validation), never wrap around.
+  const auto cost = fake_cost();
+  Plan plan = base_plan();
+  plan.sequence_lengths_tokens.assign(5'000, kMaxSequenceTokens);
+  testing::Placed placed;
+  for (std::int64_t id = 0; id < 5'000; ++id) placed.push_back({id, kMaxSequenceTokens});
+  plan.micro_batches = {testing::micro_batch_of({testing::local_group(0, placed)})};
+  const auto peak = peak_memory_bytes_per_rank(plan, cost);
+  EXPECT_EQ(peak[0], std::numeric_limits<Bytes>::max());
+  const ValidationResult result = validate(plan, cost);
+  EXPECT_FALSE(result.ok);
+  EXPECT_NE(result.message.find("rank 0 needs"), std::string::npos) << result.message;
+}
+
+TEST(Memory, LengthsOverTheLimitAreRejected) {
+  const auto cost = fake_cost();
+  Plan plan = base_plan();
+  plan.sequence_lengths_tokens[0] = kMaxSequenceTokens + 1;
+  const ValidationResult result = validate(plan, cost);
+  EXPECT_FALSE(result.ok);
+  EXPECT_NE(result.message.find("over ballast's limit of 2^31"), std::string::npos)
+      << result.message;
 }
 
 }  // namespace

@@ -87,9 +87,9 @@ TEST(ReadLengths, JsonArray) {
 
 TEST(ReadLengths, OnePerLineWithCommentsBlanksAndCrlf) {
   const std::string path =
-      write_temp_file("lines.txt", "# lengths in tokens\n5\r\n\n  7 \n# more\n1099511627776\n");
+      write_temp_file("lines.txt", "# lengths in tokens\n5\r\n\n  7 \n# more\n2147483648\n");
   const Dataset dataset = read_lengths_file(path);
-  EXPECT_EQ(dataset.lengths_tokens, (std::vector<Tokens>{5, 7, Tokens{1} << 40}));
+  EXPECT_EQ(dataset.lengths_tokens, (std::vector<Tokens>{5, 7, Tokens{1} << 31}));
   EXPECT_EQ(dataset.name, path);
   EXPECT_EQ(dataset.source, path);
 }
@@ -171,15 +171,22 @@ TEST(ReadLengthsErrors, LinesNameFileLineAndText) {
 }
 
 TEST(ReadLengthsErrors, OverLimit) {
-  std::string message = read_error("big.txt", "1\n1099511627777\n");
+  std::string message = read_error("big.txt", "1\n2147483649\n");
   EXPECT_CONTAINS(message, "big.txt:2");
-  EXPECT_CONTAINS(message, "2^40");
+  EXPECT_CONTAINS(message, "2^31");
   message = read_error("huge.txt", "99999999999999999999999\n");
   EXPECT_CONTAINS(message, "huge.txt:1");
-  EXPECT_CONTAINS(message, "2^40");
+  EXPECT_CONTAINS(message, "2^31");
   EXPECT_CONTAINS(read_error("big.json", "[1, 18446744073709551615]"),
-                  "element [1]: length '18446744073709551615' is over the limit of 2^40");
-  EXPECT_CONTAINS(read_error("big.csv", "\"[1, 2000000000000]\",3\n"), "2^40");
+                  "element [1]: length '18446744073709551615' is over the limit of 2^31");
+  EXPECT_CONTAINS(read_error("big.csv", "\"[1, 2000000000000]\",3\n"), "2^31");
+}
+
+TEST(ReadLengthsErrors, HistogramCountsMustNotOverflow) {
+  const std::string message =
+      read_error("overflow.csv", "\"[1, 100]\",4611686018427387000\n\"[101, 200]\",1000\n");
+  EXPECT_CONTAINS(message, "overflow.csv:2");
+  EXPECT_CONTAINS(message, "more than 2^62 documents");
 }
 
 TEST(ReadLengthsErrors, Json) {
