@@ -185,7 +185,11 @@ void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
       const int next = (i + 1) % g;
       const Bytes block_bytes = kv_per_token * layout.tokens[owner];
       if (forward && j < g - 1) {
-        sends[i] = add_p2p(ctx, ranks[i], ranks[next], block_bytes, j == 0 ? reach[i] : block,
+        // A rank forwards a block only once it has entered the group (its receive and send
+        // buffers are posted when it reaches the ring in its own program) and holds it.
+        const int holds_block[] = {reach[i], block};
+        const int ready = j == 0 ? reach[i] : ctx.graph.add_join(holds_block);
+        sends[i] = add_p2p(ctx, ranks[i], ranks[next], block_bytes, ready,
                            group.routing_proxies,
                            [&] { return fmt::format("ring kv fwd g{} step {}", g, j); });
       } else if (!forward) {

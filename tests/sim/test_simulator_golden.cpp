@@ -118,6 +118,29 @@ TEST_F(SimulatorGolden, RingExposesCommunicationWhenStepsAreShort) {
   EXPECT_NEAR(start_of(report, 0, "attention fwd ring g2 step 1"), ms(2.05), kTolerance_s);
 }
 
+TEST_F(SimulatorGolden, RingMemberForwardsBlocksOnlyAfterReachingTheRing) {
+  FakeCostModel cost(fake_cluster(1, 3, 1), fake_model());
+  // Ring [0, 1, 2] over sequence 0 (60 tokens, zigzag chunks of 10: rank i holds i, 5-i);
+  // rank 1 first runs a local group over sequence 1 (100 tokens).
+  Plan plan = testing::empty_plan(cost, {60, 100});
+  std::vector<Chunk> chunks;
+  for (int c = 0; c < 6; ++c) chunks.push_back({c < 3 ? c : 5 - c, 10 * c, 10 * c + 10});
+  MicroBatch micro_batch{{testing::make_group(Scheme::ring, {0, 1, 2}, {{0, chunks}}),
+                          testing::local_group(1, 1, 100)},
+                         {{0}, {1, 0}, {0}},
+                         {}};
+  plan.micro_batches.push_back(micro_batch);
+  const SimulationReport report = run(plan, cost);
+  // Rank 1 reaches the ring at 0.3 (linear qkv, 120 tokens) + 5.05 (local attention, 5050
+  // pairs) = 5.35. Its step-0 send (own KV) holds its NVLink port [5.35, 7.35]; the block
+  // it received from rank 0 at 2.05 is forwarded only once rank 1 is in the ring, after
+  // its own send: [7.35, 9.35] (an eager forward at 2.05 would need a posted receive
+  // buffer the rank has not set up yet).
+  EXPECT_NEAR(start_of(report, 1, "ring kv fwd g3 step 0", "send"), ms(5.35), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "ring kv fwd g3 step 1", "send"), ms(7.35), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 2, "ring kv fwd g3 step 1", "recv"), ms(7.35), kTolerance_s);
+}
+
 TEST_F(SimulatorGolden, UlyssesGroupRunsTwoAllToAllsPerPass) {
   FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
   Plan plan = testing::empty_plan(cost, {100, 20});
