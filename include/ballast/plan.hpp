@@ -89,7 +89,9 @@ struct Plan {
 nlohmann::json to_json(const Plan& plan);
 /// Throws InputError naming `source` and the offending field.
 Plan plan_from_json(const nlohmann::json& json, const std::string& source);
-/// The canonical text form: to_json(plan).dump(1) + "\n". Byte-identical for equal plans.
+/// The canonical text form of to_json(plan): objects one member per line, arrays of
+/// numbers (lengths, chunks, queues) on one line; ends with "\n". Byte-identical for
+/// equal plans.
 std::string plan_to_string(const Plan& plan);
 
 /// queues[r] for every rank: the explicit queues, or the default index order.

@@ -1,5 +1,6 @@
 // Plan <-> JSON: the versioned file format of docs/plan-format.md, with errors naming the
 // source and the JSON path of the offending field; Scheme names.
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <utility>
@@ -335,6 +336,42 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   return plan;
 }
 
-std::string plan_to_string(const Plan& plan) { return to_json(plan).dump(1) + "\n"; }
+namespace {
+
+bool is_scalar_or_flat_array(const nlohmann::json& value) {
+  if (!value.is_structured()) return true;
+  if (!value.is_array()) return false;
+  return std::all_of(value.begin(), value.end(), [](const auto& item) { return !item.is_structured(); });
+}
+
+/// Objects and arrays of objects one member per line (indent 1); arrays holding only
+/// numbers, or only arrays of numbers (chunks, lengths, queues), on one line.
+void write_plan_json(const nlohmann::json& value, int depth, std::string& out) {
+  const bool inline_array =
+      value.is_array() && std::all_of(value.begin(), value.end(), is_scalar_or_flat_array);
+  if (!value.is_structured() || inline_array || value.empty()) {
+    out += value.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+    return;
+  }
+  const std::string inner(static_cast<std::size_t>(depth + 1), ' ');
+  out += value.is_object() ? "{\n" : "[\n";
+  bool first = true;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!first) out += ",\n";
+    first = false;
+    out += inner;
+    if (value.is_object()) out += nlohmann::json(it.key()).dump() + ": ";
+    write_plan_json(*it, depth + 1, out);
+  }
+  out += "\n" + std::string(static_cast<std::size_t>(depth), ' ') + (value.is_object() ? "}" : "]");
+}
+
+}  // namespace
+
+std::string plan_to_string(const Plan& plan) {
+  std::string out;
+  write_plan_json(to_json(plan), 0, out);
+  return out + "\n";
+}
 
 }  // namespace ballast

@@ -128,18 +128,16 @@ int run_plan(const PlanArgs& args) {
   const RunInputs inputs = resolve_inputs(settings);
   const Planner& planner = find_planner(args.strategy);
   Output output(args.output.output_path);
-  nlohmann::ordered_json all = nlohmann::ordered_json::array();
-  std::string text;
-  for (const Batch& batch : inputs.batches) {
-    const Plan plan = planner.plan(batch, *inputs.cost, settings.planner);
+  // One plan: its canonical text; several: a JSON array of them.
+  const bool several = inputs.batches.size() > 1;
+  std::string text = several ? "[\n" : "";
+  for (std::size_t i = 0; i < inputs.batches.size(); ++i) {
+    const Plan plan = planner.plan(inputs.batches[i], *inputs.cost, settings.planner);
     require_valid(plan, *inputs.cost, "made by " + args.strategy);
-    if (inputs.batches.size() == 1) {
-      text = plan_to_string(plan);
-    } else {
-      all.push_back(nlohmann::ordered_json::parse(plan_to_string(plan)));
-    }
+    if (several && i > 0) text += ",\n";
+    text += plan_to_string(plan);
   }
-  output.stream() << (inputs.batches.size() == 1 ? text : all.dump(1) + "\n");
+  output.stream() << text << (several ? "]\n" : "");
   return 0;
 }
 
