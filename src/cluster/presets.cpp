@@ -12,7 +12,6 @@ namespace {
 
 constexpr double kGBPerS = 1e9;    // link bandwidths are decimal GB/s, as NCCL reports them
 constexpr double kTFlops = 1e12;
-constexpr double kMicrosecond = 1e-6;
 
 /// Fields shared by every preset; each preset overrides the hardware-specific ones.
 Cluster common_cluster() {
@@ -27,8 +26,9 @@ Cluster common_cluster() {
   // Estimate: keep 10% for the framework, NCCL buffers and fragmentation.
   cluster.memory_usable_fraction = 0.9;
   // SYSTEMS.md section 5: ~10-30 us per intra-node collective, ~20-50 us inter-node.
-  cluster.intra_node_latency_s = 10 * kMicrosecond;
-  cluster.inter_node_latency_s = 30 * kMicrosecond;
+  // Literals, not 10 * 1e-6: plan files print them exactly (3e-05, not 2.99...e-05).
+  cluster.intra_node_latency_s = 10e-6;
+  cluster.inter_node_latency_s = 30e-6;
   return cluster;
 }
 
