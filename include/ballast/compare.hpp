@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -75,7 +76,11 @@ struct CompareResult {
   std::vector<StrategyResult> results;
 };
 
-CompareResult run_compare(const RunSettings& settings);
+/// Called before each strategy plans each step (strategy, step index, steps), so a
+/// front end can show progress; the library itself prints nothing.
+using CompareProgress = std::function<void(const std::string&, int, int)>;
+
+CompareResult run_compare(const RunSettings& settings, const CompareProgress& progress = {});
 
 void write_compare_text(const CompareResult& result, std::ostream& out);
 void write_compare_csv(const CompareResult& result, std::ostream& out);

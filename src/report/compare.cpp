@@ -61,12 +61,15 @@ std::string choose_baseline(const RunSettings& settings, const std::vector<std::
 }
 
 StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
-                            const PlannerOptions& options) {
+                            const PlannerOptions& options, const CompareProgress& progress) {
   StrategyResult result;
   result.strategy = name;
   const Planner& planner = find_planner(name);
   const double steps = static_cast<double>(inputs.batches.size());
   for (const Batch& batch : inputs.batches) {
+    if (progress) {
+      progress(name, static_cast<int>(batch.step), static_cast<int>(inputs.batches.size()));
+    }
     Plan plan;
     const auto start = std::chrono::steady_clock::now();
     try {
@@ -95,7 +98,7 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
 
 }  // namespace
 
-CompareResult run_compare(const RunSettings& settings) {
+CompareResult run_compare(const RunSettings& settings, const CompareProgress& progress) {
   const std::vector<std::string> names = strategies_to_run(settings);
   CompareResult compare;
   compare.settings = settings;
@@ -119,7 +122,7 @@ CompareResult run_compare(const RunSettings& settings) {
   compare.sequences_per_step = std::llround(sequences / steps);
   compare.tokens_per_step = std::llround(tokens / steps);
   for (const auto& name : names) {
-    compare.results.push_back(run_strategy(name, inputs, settings.planner));
+    compare.results.push_back(run_strategy(name, inputs, settings.planner, progress));
   }
   const auto baseline = std::find_if(compare.results.begin(), compare.results.end(),
                                      [&](const auto& r) { return r.strategy == compare.baseline; });

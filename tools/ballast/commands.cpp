@@ -2,6 +2,8 @@
 // write the chosen format.
 #include "commands.hpp"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -245,7 +247,15 @@ int run_compare(const CompareArgs& args) {
     }
   }
   if (!args.baseline.empty()) settings.baseline = args.baseline;
-  const CompareResult result = ballast::run_compare(settings);
+  // Progress on stderr only when it is a terminal (never in pipes, files or CI logs).
+  CompareProgress progress;
+  if (isatty(STDERR_FILENO) != 0) {
+    progress = [](const std::string& strategy, int step, int steps) {
+      fmt::print(stderr, "\r\033[Kcompare: {} step {}/{}", strategy, step + 1, steps);
+    };
+  }
+  const CompareResult result = ballast::run_compare(settings, progress);
+  if (progress) fmt::print(stderr, "\r\033[K");
   Output output(args.output.output_path);
   std::ostream& out = output.stream();
   if (format == Format::text) {
