@@ -84,6 +84,10 @@ struct SamplerOptions {
   std::uint64_t seed = 0;
 };
 
+/// Documents longer than this go to the over-context policy: --max-context, or the token
+/// budget when it is smaller (such a document can never fit a step).
+Tokens document_limit_tokens(const SamplerOptions& options);
+
 /// One global batch (one training step). Sequence id = index into lengths_tokens.
 struct Batch {
   std::int64_t step = 0;

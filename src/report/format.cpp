@@ -18,13 +18,11 @@ std::string budget_text(const SamplerOptions& sampler) {
 std::string over_context_text(const CompareResult& result) {
   const auto& stats = result.sampler_stats;
   const auto& sampler = result.settings.sampler;
-  // The sampler also applies the policy to documents longer than the token budget.
-  const bool budget_binds = sampler.tokens_per_step && *sampler.tokens_per_step < sampler.max_context_tokens;
-  std::string text = fmt::format("documents longer than {} {}: policy {}",
-                                 budget_binds ? "the token budget" : "--max-context",
-                                 with_thousands(budget_binds ? *sampler.tokens_per_step
-                                                             : sampler.max_context_tokens),
-                                 to_string(sampler.over_context));
+  const Tokens limit_tokens = document_limit_tokens(sampler);
+  std::string text = fmt::format(
+      "documents longer than {} {}: policy {}",
+      limit_tokens == sampler.max_context_tokens ? "--max-context" : "the token budget",
+      with_thousands(limit_tokens), to_string(sampler.over_context));
   if (sampler.over_context == OverContextPolicy::drop) {
     text += fmt::format(", dropped {} ({} tokens)", with_thousands(stats.dropped_documents),
                         with_thousands(stats.dropped_tokens));

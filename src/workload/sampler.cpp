@@ -9,6 +9,11 @@
 #include "ballast/workload.hpp"
 
 namespace ballast {
+Tokens document_limit_tokens(const SamplerOptions& options) {
+  if (!options.tokens_per_step) return options.max_context_tokens;
+  return std::min(options.max_context_tokens, *options.tokens_per_step);
+}
+
 namespace {
 
 // A step that drops this many documents in a row is almost surely starved (nearly every
@@ -46,13 +51,6 @@ Tokens shortest_document_tokens(const Dataset& dataset) {
     if (bin.documents > 0) shortest = std::min(shortest, std::max<Tokens>(bin.min_tokens, 1));
   }
   return shortest;
-}
-
-/// Documents longer than this go to the over-context policy. A document longer than the
-/// token budget can never fit a step, so the budget caps the context too.
-Tokens document_limit_tokens(const SamplerOptions& options) {
-  if (!options.tokens_per_step) return options.max_context_tokens;
-  return std::min(options.max_context_tokens, *options.tokens_per_step);
 }
 
 /// The flag a user should raise when a document is over document_limit_tokens.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 
@@ -40,10 +41,64 @@ RunSettings settings_from(const WorkloadFlags& flags, int default_steps) {
   return settings;
 }
 
-void list_section(const std::string& title, const std::vector<std::pair<std::string, std::string>>& rows,
-                  std::ostream& out) {
-  fmt::print(out, "{}:\n", title);
-  for (const auto& [name, description] : rows) fmt::print(out, "  {:<24} {}\n", name, description);
+using ListRows = std::vector<std::pair<std::string, std::string>>;
+
+/// One section of `ballast list`: its name on the command line, its title, its rows.
+struct ListSection {
+  std::string name;
+  std::string title;
+  std::function<ListRows()> rows;
+};
+
+std::vector<ListSection> list_sections() {
+  return {
+      {"datasets", "datasets (--dataset; or --lengths FILE)",
+       [] {
+         ListRows rows;
+         for (const auto& info : bundled_datasets()) rows.emplace_back(info.name, info.description);
+         return rows;
+       }},
+      {"clusters", "clusters (--cluster; --nodes N changes the node count; or a JSON file)",
+       [] {
+         ListRows rows;
+         for (const auto& name : cluster_preset_names()) {
+           const Cluster c = cluster_preset(name);
+           rows.emplace_back(name, fmt::format("{} nodes x {} {} ({:.0f} GiB), {} x {:.0f} GB/s NICs per node",
+                                               c.nodes, c.gpus_per_node, c.gpu_name,
+                                               c.gpu_memory_bytes / kGiB, c.nics_per_node,
+                                               c.nic_bw_bytes_per_s / kGB));
+         }
+         return rows;
+       }},
+      {"models", "models (--model; or a JSON file)",
+       [] {
+         ListRows rows;
+         for (const auto& name : model_preset_names()) {
+           const Model m = model_preset(name);
+           rows.emplace_back(name, fmt::format("{:.1f}B params, {} layers, hidden {}, {} heads / {} KV heads",
+                                               m.parameters / 1e9, m.layers, m.hidden, m.heads, m.kv_heads));
+         }
+         return rows;
+       }},
+      {"strategies", "strategies (--strategy / --strategies)",
+       [] {
+         ListRows rows;
+         for (const auto& planner : planners()) rows.emplace_back(planner->name(), planner->description());
+         return rows;
+       }},
+      {"cost-models", "cost models (--cost-model; or a JSON file)",
+       [] {
+         ListRows rows;
+         for (const auto& name : cost_model_names()) rows.emplace_back(name, "");
+         return rows;
+       }},
+      {"scenarios", "scenarios (ballast compare --scenario NAME)",
+       [] {
+         ListRows rows;
+         for (const auto& scenario : scenarios()) rows.emplace_back(scenario.name, scenario.description);
+         return rows;
+       }},
+  };
 }
 
 std::vector<Plan> read_plans(const std::string& path) {
@@ -69,51 +124,13 @@ std::unique_ptr<CostModel> cost_model_of(const Plan& plan) {
 int run_list(const std::string& what, std::ostream& out) {
   const bool all = what.empty() || what == "all";
   bool known = all;
-  if (all || what == "datasets") {
+  for (const ListSection& section : list_sections()) {
+    if (!all && what != section.name) continue;
     known = true;
-    std::vector<std::pair<std::string, std::string>> rows;
-    for (const auto& info : bundled_datasets()) rows.emplace_back(info.name, info.description);
-    list_section("datasets (--dataset; or --lengths FILE)", rows, out);
-  }
-  if (all || what == "clusters") {
-    known = true;
-    std::vector<std::pair<std::string, std::string>> rows;
-    for (const auto& name : cluster_preset_names()) {
-      const Cluster c = cluster_preset(name);
-      rows.emplace_back(name, fmt::format("{} nodes x {} {} ({:.0f} GiB), {} x {:.0f} GB/s NICs per node",
-                                          c.nodes, c.gpus_per_node, c.gpu_name,
-                                          c.gpu_memory_bytes / kGiB, c.nics_per_node,
-                                          c.nic_bw_bytes_per_s / kGB));
+    fmt::print(out, "{}:\n", section.title);
+    for (const auto& [name, description] : section.rows()) {
+      fmt::print(out, "  {:<24} {}\n", name, description);
     }
-    list_section("clusters (--cluster; --nodes N changes the node count; or a JSON file)", rows, out);
-  }
-  if (all || what == "models") {
-    known = true;
-    std::vector<std::pair<std::string, std::string>> rows;
-    for (const auto& name : model_preset_names()) {
-      const Model m = model_preset(name);
-      rows.emplace_back(name, fmt::format("{:.1f}B params, {} layers, hidden {}, {} heads / {} KV heads",
-                                          m.parameters / 1e9, m.layers, m.hidden, m.heads, m.kv_heads));
-    }
-    list_section("models (--model; or a JSON file)", rows, out);
-  }
-  if (all || what == "strategies") {
-    known = true;
-    std::vector<std::pair<std::string, std::string>> rows;
-    for (const auto& planner : planners()) rows.emplace_back(planner->name(), planner->description());
-    list_section("strategies (--strategy / --strategies)", rows, out);
-  }
-  if (all || what == "cost-models") {
-    known = true;
-    std::vector<std::pair<std::string, std::string>> rows;
-    for (const auto& name : cost_model_names()) rows.emplace_back(name, "");
-    list_section("cost models (--cost-model; or a JSON file)", rows, out);
-  }
-  if (all || what == "scenarios") {
-    known = true;
-    std::vector<std::pair<std::string, std::string>> rows;
-    for (const auto& scenario : scenarios()) rows.emplace_back(scenario.name, scenario.description);
-    list_section("scenarios (ballast compare --scenario NAME)", rows, out);
   }
   if (!known) {
     throw InputError(fmt::format("ballast list {}: unknown list; use datasets, clusters, models, "
@@ -180,8 +197,7 @@ int run_simulate(const SimulateArgs& args) {
   std::unique_ptr<CostModel> cost;
   if (!args.plan_path.empty()) {
     if (!args.strategy.empty()) throw InputError("give either --plan or --strategy, not both");
-    plans = read_plans(args.plan_path);
-    cost = cost_model_of(plans.front());
+    plans = read_plans(args.plan_path);  // each plan carries its own cost model
   } else {
     if (args.strategy.empty()) {
       throw InputError("ballast simulate needs --strategy NAME (see `ballast list strategies`) "
@@ -200,8 +216,8 @@ int run_simulate(const SimulateArgs& args) {
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
   if (format == Format::csv) write_report_csv_header(out);
   for (std::size_t i = 0; i < plans.size(); ++i) {
-    const auto plan_cost = args.plan_path.empty() ? nullptr : cost_model_of(plans[i]);
-    const CostModel& step_cost = plan_cost ? *plan_cost : *cost;
+    const auto plan_cost = cost ? nullptr : cost_model_of(plans[i]);
+    const CostModel& step_cost = cost ? *cost : *plan_cost;
     SimulationOptions options;
     options.record_trace = i == 0 && !args.trace_path.empty();
     const SimulationReport report = simulate(plans[i], step_cost, options);
