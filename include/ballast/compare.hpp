@@ -94,7 +94,8 @@ struct Scenario {
                             ///< baseline, steps, seed, tokens_per_step, batch_size,
                             ///< max_context, over_context, sampling, degree
 };
-std::vector<Scenario> scenarios();
+/// Read from data/scenarios.json once.
+const std::vector<Scenario>& scenarios();
 /// Throws InputError listing the known scenarios.
 const Scenario& find_scenario(const std::string& name);
 /// Applies a scenario's settings onto `settings` (the CLI then applies explicit flags).

@@ -27,13 +27,13 @@ std::vector<Scenario> read_scenarios() {
 
 }  // namespace
 
-std::vector<Scenario> scenarios() {
+const std::vector<Scenario>& scenarios() {
   static const std::vector<Scenario> list = read_scenarios();
   return list;
 }
 
 const Scenario& find_scenario(const std::string& name) {
-  static const std::vector<Scenario> list = scenarios();
+  const std::vector<Scenario>& list = scenarios();
   const auto it = std::find_if(list.begin(), list.end(), [&](const auto& s) { return s.name == name; });
   if (it == list.end()) {
     std::vector<std::string> names;
