@@ -3,6 +3,7 @@
 // src/strategies/registry.cpp.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,15 @@ struct PlannerOptions {
   /// Fixed SP/CP degree for static strategies; default: the smallest power of two whose
   /// groups hold the batch's longest sequence in memory.
   std::optional<int> degree;
+  /// Strategy-specific parameters from a spec "name:key=value" (see StrategySpec); only
+  /// keys the planner lists in Planner::parameters() get here.
+  std::map<std::string, std::string> parameters;
+};
+
+/// One parameter a planner takes in a strategy spec ("degree" sets PlannerOptions::degree).
+struct PlannerParameter {
+  std::string key;
+  std::string help;  ///< one line: what it does, its values and default
 };
 
 class Planner {
@@ -25,6 +35,8 @@ class Planner {
   virtual ~Planner() = default;
   virtual std::string name() const = 0;
   virtual std::string description() const = 0;  ///< one line for `ballast list strategies`
+  /// Keys this planner takes in a strategy spec; none by default.
+  virtual std::vector<PlannerParameter> parameters() const { return {}; }
   /// Throws PlanningError naming the sequence and why when the batch cannot run.
   virtual Plan plan(const Batch& batch, const CostModel& cost,
                     const PlannerOptions& options) const = 0;
@@ -35,5 +47,25 @@ const std::vector<std::unique_ptr<Planner>>& planners();
 std::vector<std::string> planner_names();
 /// Throws InputError listing the known strategies.
 const Planner& find_planner(const std::string& name);
+
+/// A strategy as written in --strategy, --strategies and scenarios: "name" or
+/// "name:key=value[:key=value...]", e.g. "static-ulysses:degree=32". The text is the
+/// strategy's label in reports, so two specs of one strategy can be compared.
+struct StrategySpec {
+  std::string text;
+  const Planner* planner = nullptr;
+  PlannerOptions options;  ///< `base` with the spec's parameters applied
+};
+/// Throws InputError naming the spec and the fix: unknown strategy, a parameter not of
+/// the form key=value, a key the strategy does not take (listing those it does), a
+/// repeated key, or a degree that is not a positive integer.
+StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& base = {});
+
+/// The value of a spec parameter, or `fallback` when the spec did not set it.
+std::string parameter_or(const PlannerOptions& options, const std::string& key,
+                         const std::string& fallback);
+/// An integer parameter in [min_value, max_value]; throws InputError naming the key.
+long long integer_parameter_or(const PlannerOptions& options, const std::string& key,
+                               long long fallback, long long min_value, long long max_value);
 
 }  // namespace ballast

@@ -43,7 +43,7 @@ namespace {
 std::vector<std::string> strategies_to_run(const RunSettings& settings) {
   std::vector<std::string> names = settings.strategies.empty() ? planner_names()
                                                                : settings.strategies;
-  for (const auto& name : names) find_planner(name);  // unknown names fail before any work
+  for (const auto& name : names) parse_strategy_spec(name);  // bad specs fail before any work
   return names;
 }
 
@@ -64,7 +64,8 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
                             const PlannerOptions& options, const CompareProgress& progress) {
   StrategyResult result;
   result.strategy = name;
-  const Planner& planner = find_planner(name);
+  const StrategySpec spec = parse_strategy_spec(name, options);
+  const Planner& planner = *spec.planner;
   const double steps = static_cast<double>(inputs.batches.size());
   for (const Batch& batch : inputs.batches) {
     if (progress) {
@@ -73,7 +74,7 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
     Plan plan;
     const auto start = std::chrono::steady_clock::now();
     try {
-      plan = planner.plan(batch, *inputs.cost, options);
+      plan = planner.plan(batch, *inputs.cost, spec.options);
     } catch (const InputError& error) {
       // This strategy cannot run this batch (or these options, e.g. a --degree it
       // cannot use): report it and keep comparing the others. No partial figures.

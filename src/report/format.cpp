@@ -1,4 +1,5 @@
 // The compare table in text, CSV and JSON (schema in docs/compare-schema.md).
+#include <algorithm>
 #include <ostream>
 
 #include <fmt/format.h>
@@ -44,16 +45,18 @@ void write_compare_text(const CompareResult& result, std::ostream& out) {
              budget_text(settings.sampler), with_thousands(result.sequences_per_step),
              with_thousands(result.tokens_per_step));
   fmt::print(out, "{}\n\n", over_context_text(result));
-  fmt::print(out, "{:<22} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9} {:>6} {:>9}\n", "strategy",
+  std::size_t name_width = 22;  // the longest strategy spec sets the first column
+  for (const auto& r : result.results) name_width = std::max(name_width, r.strategy.size());
+  fmt::print(out, "{:<{}} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9} {:>6} {:>9}\n", "strategy", name_width,
              "step (s)", "bound (s)", "gap", "speedup", "imbalance", "exp.comm", "peak GiB",
              "mbs", "plan (ms)");
   for (const auto& r : result.results) {
     if (!r.error.empty()) {
-      fmt::print(out, "{:<22} cannot run: {}\n", r.strategy, r.error);
+      fmt::print(out, "{:<{}} cannot run: {}\n", r.strategy, name_width, r.error);
       continue;
     }
-    fmt::print(out, "{:<22} {:>10.3f} {:>10.3f} {:>7.1f}% {:>8.2f}x {:>9.2f} {:>7.1f}% {:>9.1f} {:>6.1f} {:>9.2f}\n",
-               r.strategy, r.step_time_s, r.lower_bound_s, 100.0 * r.gap_to_lower_bound, r.speedup,
+    fmt::print(out, "{:<{}} {:>10.3f} {:>10.3f} {:>7.1f}% {:>8.2f}x {:>9.2f} {:>7.1f}% {:>9.1f} {:>6.1f} {:>9.2f}\n",
+               r.strategy, name_width, r.step_time_s, r.lower_bound_s, 100.0 * r.gap_to_lower_bound, r.speedup,
                r.imbalance, 100.0 * r.exposed_comm_fraction, r.peak_memory_bytes / kGiB,
                r.micro_batches, r.plan_time_ms);
   }

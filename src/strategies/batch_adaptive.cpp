@@ -16,6 +16,7 @@ class BatchAdaptivePlanner final : public Planner {
     return "FlexSP's BatchAda: the best homogeneous Ulysses degree for each batch (cost-model "
            "estimate)";
   }
+  std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
   Plan plan(const Batch& batch, const CostModel& cost,
             const PlannerOptions& options) const override {
     make_plan_skeleton(batch, cost, kName);  // input checks before degree selection

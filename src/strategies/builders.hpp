@@ -102,9 +102,11 @@ bool fits_group(Tokens length_tokens, const CostModel& cost, Scheme scheme, int 
 /// PlanningError naming that sequence when none does.
 int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
                    const std::string& strategy);
+/// The "degree" spec parameter of the static strategies (same as --degree).
 /// options.degree validated (divides the rank count; ulysses: divides kv_heads; else
 /// InputError naming --degree and the valid values) and checked against the longest
 /// sequence (PlanningError), or default_degree() without an override.
+PlannerParameter degree_parameter();
 int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
                    Scheme scheme, const std::string& strategy);
 /// The longest sequence any allowed degree can hold (for tests and messages).

@@ -153,6 +153,11 @@ int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
       degree_limit_reason(cost, scheme, largest), what_to_do(scheme)));
 }
 
+PlannerParameter degree_parameter() {
+  return {"degree", "fixed SP/CP degree, a power of two dividing the GPU count (as --degree) "
+                    "[default: the smallest that holds the longest sequence]"};
+}
+
 int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
                    Scheme scheme, const std::string& strategy) {
   if (!options.degree) return default_degree(batch, cost, scheme, strategy);

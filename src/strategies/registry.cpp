@@ -1,4 +1,8 @@
 // The strategy registry: one line per strategy, in a fixed order.
+#include <algorithm>
+#include <charconv>
+#include <map>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -41,6 +45,70 @@ const Planner& find_planner(const std::string& name) {
   }
   throw InputError(
       fmt::format("unknown strategy '{}'; known: {}", name, fmt::join(planner_names(), ", ")));
+}
+
+StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& base) {
+  StrategySpec spec;
+  spec.text = text;
+  spec.options = base;
+  const std::size_t colon = text.find(':');
+  spec.planner = &find_planner(text.substr(0, colon));
+  if (colon == std::string::npos) return spec;
+  std::vector<std::string> keys;
+  for (const PlannerParameter& parameter : spec.planner->parameters()) keys.push_back(parameter.key);
+  const std::string known =
+      keys.empty() ? fmt::format("{} takes no parameters", spec.planner->name())
+                   : fmt::format("{} takes {}", spec.planner->name(), fmt::join(keys, ", "));
+  std::size_t begin = colon + 1;
+  std::map<std::string, std::string> seen;
+  while (true) {
+    const std::size_t end = text.find(':', begin);
+    const std::string item = text.substr(begin, end == std::string::npos ? end : end - begin);
+    const std::size_t equals = item.find('=');
+    if (equals == std::string::npos || equals == 0 || equals + 1 == item.size()) {
+      throw InputError(fmt::format("strategy '{}': parameter '{}' is not key=value; write "
+                                   "name:key=value[:key=value] ({})",
+                                   text, item, known));
+    }
+    const std::string key = item.substr(0, equals);
+    const std::string value = item.substr(equals + 1);
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      throw InputError(fmt::format("strategy '{}': unknown parameter '{}'; {}", text, key, known));
+    }
+    if (!seen.emplace(key, value).second) {
+      throw InputError(fmt::format("strategy '{}': parameter '{}' given twice", text, key));
+    }
+    if (key == "degree") {
+      spec.options.degree =
+          static_cast<int>(integer_parameter_or({{}, {{key, value}}}, key, 0, 1, 1 << 20));
+    } else {
+      spec.options.parameters[key] = value;
+    }
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  return spec;
+}
+
+std::string parameter_or(const PlannerOptions& options, const std::string& key,
+                         const std::string& fallback) {
+  const auto found = options.parameters.find(key);
+  return found == options.parameters.end() ? fallback : found->second;
+}
+
+long long integer_parameter_or(const PlannerOptions& options, const std::string& key,
+                               long long fallback, long long min_value, long long max_value) {
+  const auto found = options.parameters.find(key);
+  if (found == options.parameters.end()) return fallback;
+  const std::string& text = found->second;
+  long long value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < min_value ||
+      value > max_value) {
+    throw InputError(fmt::format("strategy parameter {}={}: expected an integer from {} to {}",
+                                 key, text, min_value, max_value));
+  }
+  return value;
 }
 
 }  // namespace ballast

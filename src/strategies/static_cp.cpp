@@ -34,6 +34,7 @@ class StaticCpPlanner final : public Planner {
   std::string name() const override { return name_; }
   std::string description() const override { return description_; }
 
+  std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
   Plan plan(const Batch& batch, const CostModel& cost,
             const PlannerOptions& options) const override {
     Plan plan = make_plan_skeleton(batch, cost, name_);

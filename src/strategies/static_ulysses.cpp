@@ -66,6 +66,7 @@ class StaticUlyssesPlanner final : public Planner {
     return "DeepSpeed-Ulysses: fixed SP degree d (<= KV heads), best-fit-decreasing packs, "
            "all-to-all head scatter";
   }
+  std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
   Plan plan(const Batch& batch, const CostModel& cost,
             const PlannerOptions& options) const override {
     make_plan_skeleton(batch, cost, kName);  // input checks before degree selection

@@ -41,6 +41,36 @@ TEST(Registry, UnknownNameListsKnownOnes) {
             "static-ulysses, batch-adaptive, hybrid-dp");
 }
 
+TEST(StrategySpec, NameAndParameters) {
+  const StrategySpec plain = parse_strategy_spec("hybrid-dp");
+  EXPECT_EQ(plain.planner->name(), "hybrid-dp");
+  EXPECT_FALSE(plain.options.degree);
+  PlannerOptions base;
+  base.degree = 4;
+  const StrategySpec fixed = parse_strategy_spec("static-ulysses:degree=32", base);
+  EXPECT_EQ(fixed.text, "static-ulysses:degree=32");
+  EXPECT_EQ(fixed.planner->name(), "static-ulysses");
+  EXPECT_EQ(fixed.options.degree, 32);  // the spec overrides --degree
+  EXPECT_EQ(parse_strategy_spec("static-cp", base).options.degree, 4);
+}
+
+TEST(StrategySpec, BadSpecsNameTheFix) {
+  EXPECT_EQ(error_of([] { parse_strategy_spec("static-ulysses:deg=8"); }),
+            "strategy 'static-ulysses:deg=8': unknown parameter 'deg'; static-ulysses takes degree");
+  EXPECT_EQ(error_of([] { parse_strategy_spec("hybrid-dp:degree=8"); }),
+            "strategy 'hybrid-dp:degree=8': unknown parameter 'degree'; hybrid-dp takes no "
+            "parameters");
+  EXPECT_EQ(error_of([] { parse_strategy_spec("static-cp:degree"); }),
+            "strategy 'static-cp:degree': parameter 'degree' is not key=value; write "
+            "name:key=value[:key=value] (static-cp takes degree)");
+  EXPECT_EQ(error_of([] { parse_strategy_spec("static-cp:degree=2:degree=4"); }),
+            "strategy 'static-cp:degree=2:degree=4': parameter 'degree' given twice");
+  EXPECT_EQ(error_of([] { parse_strategy_spec("static-cp:degree=-2"); }),
+            "strategy parameter degree=-2: expected an integer from 1 to 1048576");
+  EXPECT_THROW(parse_strategy_spec("nope:degree=2"), InputError);
+  EXPECT_THROW(parse_strategy_spec("static-cp:"), InputError);
+}
+
 TEST(Helpers, PowersOfTwoAndCounts) {
   EXPECT_TRUE(is_power_of_two(1));
   EXPECT_TRUE(is_power_of_two(64));

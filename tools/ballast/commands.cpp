@@ -83,7 +83,12 @@ std::vector<ListSection> list_sections() {
       {"strategies", "strategies (--strategy / --strategies)",
        [] {
          ListRows rows;
-         for (const auto& planner : planners()) rows.emplace_back(planner->name(), planner->description());
+         for (const auto& planner : planners()) {
+           rows.emplace_back(planner->name(), planner->description());
+           for (const PlannerParameter& parameter : planner->parameters()) {
+             rows.emplace_back(fmt::format("  :{}=", parameter.key), parameter.help);
+           }
+         }
          return rows;
        }},
       {"cost-models", "cost models (--cost-model; or a JSON file)",
@@ -145,13 +150,13 @@ int run_plan(const PlanArgs& args) {
   if (format == Format::csv) throw InputError("ballast plan writes JSON; use --format json or text");
   const RunSettings settings = settings_from(args.workload, 1);
   const RunInputs inputs = resolve_inputs(settings);
-  const Planner& planner = find_planner(args.strategy);
+  const StrategySpec spec = parse_strategy_spec(args.strategy, settings.planner);
   Output output(args.output.output_path);
   // One plan: its canonical text; several: a JSON array of them.
   const bool several = inputs.batches.size() > 1;
   std::string text = several ? "[\n" : "";
   for (std::size_t i = 0; i < inputs.batches.size(); ++i) {
-    const Plan plan = planner.plan(inputs.batches[i], *inputs.cost, settings.planner);
+    const Plan plan = spec.planner->plan(inputs.batches[i], *inputs.cost, spec.options);
     require_valid(plan, *inputs.cost, "made by " + args.strategy);
     if (several && i > 0) text += ",\n";
     text += plan_to_string(plan);
@@ -205,9 +210,9 @@ int run_simulate(const SimulateArgs& args) {
     }
     const RunSettings settings = settings_from(args.workload, 1);
     RunInputs inputs = resolve_inputs(settings);
-    const Planner& planner = find_planner(args.strategy);
+    const StrategySpec spec = parse_strategy_spec(args.strategy, settings.planner);
     for (const Batch& batch : inputs.batches) {
-      plans.push_back(planner.plan(batch, *inputs.cost, settings.planner));
+      plans.push_back(spec.planner->plan(batch, *inputs.cost, spec.options));
     }
     cost = std::move(inputs.cost);
   }

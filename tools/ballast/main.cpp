@@ -35,7 +35,7 @@ int run(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "plan global batches with one strategy; writes the plan JSON");
   add_workload_flags(*plan, plan_args.workload);
   add_output_flags(*plan, plan_args.output, false);
-  plan->add_option("--strategy", plan_args.strategy, "strategy (see `ballast list strategies`)")->required();
+  plan->add_option("--strategy", plan_args.strategy, "strategy, optionally with parameters: name[:key=value...] (see `ballast list strategies`)")->required();
   plan->footer("examples:\n  ballast plan --strategy packed-dp -o plan.json\n"
                "  ballast plan --strategy static-cp --degree 8 --dataset prolong --cluster a800-roce --nodes 2\n"
                "  ballast plan --strategy hybrid-dp --steps 3 -o plans.json   # a JSON array of 3 plans");
@@ -63,7 +63,7 @@ int run(int argc, char** argv) {
                                                 "the lower bound, speedup, imbalance, memory, planner latency");
   add_workload_flags(*compare, compare_args.workload);
   add_output_flags(*compare, compare_args.output);
-  compare->add_option("--strategies", compare_args.strategies, "comma-separated strategies [default: all]");
+  compare->add_option("--strategies", compare_args.strategies, "comma-separated strategies, each name[:key=value...], e.g. static-ulysses:degree=32 [default: all]");
   compare->add_option("--baseline", compare_args.baseline,
                       "strategy the speedup is measured against [default: static-cp]");
   compare->add_option("--scenario", compare_args.scenario,
