@@ -20,6 +20,7 @@ constexpr PlannerFactory kFactories[] = {
     strategies::make_packed_dp_planner,           strategies::make_static_cp_planner,
     strategies::make_static_cp_allgather_planner, strategies::make_static_ulysses_planner,
     strategies::make_batch_adaptive_planner,      strategies::make_hybrid_dp_planner,
+    strategies::make_flexsp_planner,              strategies::make_flexsp_fast_planner,
 };
 
 }  // namespace

@@ -28,7 +28,8 @@ std::string error_of(const std::function<void()>& action) {
 TEST(Registry, ListsStrategiesInOrder) {
   const std::vector<std::string> expected = {"packed-dp",           "static-cp",
                                              "static-cp-allgather", "static-ulysses",
-                                             "batch-adaptive",      "hybrid-dp"};
+                                             "batch-adaptive",      "hybrid-dp",
+                                             "flexsp",              "flexsp-fast"};
   EXPECT_EQ(planner_names(), expected);
   EXPECT_EQ(find_planner("hybrid-dp").name(), "hybrid-dp");
   for (const auto& planner : planners()) EXPECT_FALSE(planner->description().empty());
@@ -38,7 +39,7 @@ TEST(Registry, UnknownNameListsKnownOnes) {
   EXPECT_THROW(find_planner("zeppelin-x"), InputError);
   EXPECT_EQ(error_of([] { find_planner("x"); }),
             "unknown strategy 'x'; known: packed-dp, static-cp, static-cp-allgather, "
-            "static-ulysses, batch-adaptive, hybrid-dp");
+            "static-ulysses, batch-adaptive, hybrid-dp, flexsp, flexsp-fast");
 }
 
 TEST(StrategySpec, NameAndParameters) {

@@ -36,7 +36,8 @@ Tokens longest_runnable_tokens(const std::string& strategy, const CostModel& cos
   if (strategy == "packed-dp") return usable_tokens_per_rank(cost, Scheme::local, 1);
   if (strategy == "static-cp") return max_sequence_tokens(cost, Scheme::ring);
   if (strategy == "static-cp-allgather") return max_sequence_tokens(cost, Scheme::all_gather);
-  if (strategy == "static-ulysses" || strategy == "batch-adaptive") {
+  if (strategy == "static-ulysses" || strategy == "batch-adaptive" || strategy == "flexsp" ||
+      strategy == "flexsp-fast") {
     return max_sequence_tokens(cost, Scheme::ulysses);
   }
   // hybrid-dp: rings of any power of two up to the rank count, the ring budget per rank.
@@ -102,7 +103,11 @@ void check_strategy(const Planner& planner, const TestSetup& setup) {
   const Tokens local_max = usable_tokens_per_rank(*cost, Scheme::local, 1);
   const Tokens cluster_max = longest_runnable_tokens("hybrid-dp", *cost);
   int planned = 0;
-  for (std::uint64_t seed = 0; seed < kBatchesPerSetup; ++seed) {
+  int tried = 0;
+  // The faithful MILP costs CBC seconds per plan: every fifth seed (all six shapes still).
+  const std::uint64_t stride = planner.name() == "flexsp" ? 5 : 1;
+  for (std::uint64_t seed = 0; seed < kBatchesPerSetup; seed += stride) {
+    ++tried;
     const Batch batch =
         make_batch(make_lengths(seed, strategy_max, local_max, cluster_max, ranks), seed);
     SCOPED_TRACE(::testing::Message() << planner.name() << " on " << setup.cluster << " x"
@@ -127,7 +132,7 @@ void check_strategy(const Planner& planner, const TestSetup& setup) {
     }
     ++planned;
   }
-  EXPECT_GT(planned, kBatchesPerSetup / 2);
+  EXPECT_GT(planned, tried / 2);
 }
 
 const std::vector<TestSetup>& setups() {

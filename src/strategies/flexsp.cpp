@@ -1,0 +1,270 @@
+// The flexsp and flexsp-fast planners: Sequence Blaster over M_min .. M_min+4 micro-batches,
+// each micro-batch solved by FlexSP's bucketed MILP (flexsp) or the fast planner
+// (flexsp-fast), materialised to concrete sequences and placed buddy-aligned.
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "ballast/error.hpp"
+#include "flexsp.hpp"
+#include "ulysses.hpp"
+
+namespace ballast::strategies::flexsp {
+
+namespace {
+
+/// FlexSP tries M_min .. M_min + kExtraMicroBatches micro-batches (SYSTEMS.md section 2).
+constexpr std::size_t kExtraMicroBatches = 4;
+
+/// How one micro-batch is solved.
+struct SolverChoice {
+  enum class Kind { milp, fast } kind = Kind::milp;
+  MilpOptions milp;             ///< budget (warm starts are filled per micro-batch)
+  std::size_t buckets = 16;     ///< FlexSP's initial Q; 0 = per-sequence (exact) items
+  bool refine_with_milp = false;  ///< flexsp-fast: also run the MILP, keep the better
+};
+
+/// A micro-batch solved on concrete sequences: per group, its degree index and sequence ids.
+struct ConcreteGroup {
+  std::size_t degree_index = 0;
+  std::vector<std::int64_t> sequence_ids;
+  Seconds time_s = 0;
+};
+struct ConcreteMicroBatch {
+  std::vector<ConcreteGroup> groups;
+  Seconds makespan_s = 0;
+};
+
+/// Gives each bucket's real sequences (longest first) to the solution's slots for that
+/// bucket, each to the slot whose group has the least real time so far (ties: lowest
+/// group), and recomputes the true makespan. `ids` / `lengths` are the micro-batch's
+/// sequences in the order `item_of_sequence` refers to.
+ConcreteMicroBatch materialise(const GroupCosts& costs, const Solution& solution,
+                               std::span<const std::size_t> item_of_sequence,
+                               std::span<const std::int64_t> ids,
+                               std::span<const Tokens> lengths) {
+  ConcreteMicroBatch result;
+  for (const SolvedGroup& group : solution.groups) {
+    result.groups.push_back({group.degree_index, {}, costs.at(group.degree_index).fixed_s});
+  }
+  // slots[item] = (group, remaining sequences of that item in the group)
+  std::size_t items = 0;
+  for (std::size_t item : item_of_sequence) items = std::max(items, item + 1);
+  std::vector<std::vector<std::pair<std::size_t, std::int64_t>>> slots(items);
+  for (std::size_t g = 0; g < solution.groups.size(); ++g) {
+    for (std::size_t item : solution.groups[g].items) {
+      auto& item_slots = slots[item];
+      if (item_slots.empty() || item_slots.back().first != g) item_slots.push_back({g, 0});
+      ++item_slots.back().second;
+    }
+  }
+  std::vector<std::size_t> order(ids.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return lengths[a] > lengths[b]; });
+  for (std::size_t i : order) {
+    auto& item_slots = slots[item_of_sequence[i]];
+    std::size_t best = item_slots.size();
+    for (std::size_t s = 0; s < item_slots.size(); ++s) {
+      if (item_slots[s].second == 0) continue;
+      if (best == item_slots.size() ||
+          result.groups[item_slots[s].first].time_s < result.groups[item_slots[best].first].time_s) {
+        best = s;
+      }
+    }
+    BALLAST_CHECK(best < item_slots.size(), "every sequence has a slot in its bucket");
+    --item_slots[best].second;
+    ConcreteGroup& group = result.groups[item_slots[best].first];
+    group.sequence_ids.push_back(ids[i]);
+    group.time_s += costs.sequence_s(lengths[i], group.degree_index);
+  }
+  for (const ConcreteGroup& group : result.groups) {
+    result.makespan_s = std::max(result.makespan_s, group.time_s);
+  }
+  return result;
+}
+
+/// Solves one micro-batch (sequences given ascending by length); no groups if infeasible.
+ConcreteMicroBatch solve_micro_batch(const GroupCosts& costs, const SolverChoice& choice,
+                                     std::span<const std::int64_t> ids,
+                                     std::span<const Tokens> lengths) {
+  const Buckets exact = exact_items(lengths);
+  if (choice.kind == SolverChoice::Kind::fast) {
+    const Solution fast = solve_fast(costs, exact.problem);
+    if (!fast.feasible()) return {};
+    ConcreteMicroBatch best = materialise(costs, fast, exact.item_of_sequence, ids, lengths);
+    if (choice.refine_with_milp) {
+      const Buckets buckets = choice.buckets == 0
+                                  ? exact
+                                  : bucketize(lengths, costs.cluster_capacity_tokens(), choice.buckets);
+      MilpOptions options = choice.milp;
+      options.warm_starts = homogeneous_solutions(costs, buckets.problem);
+      const MilpResult milp = solve_milp(costs, buckets.problem, options);
+      if (milp.solution.feasible()) {
+        ConcreteMicroBatch refined =
+            materialise(costs, milp.solution, buckets.item_of_sequence, ids, lengths);
+        if (refined.makespan_s < best.makespan_s) best = std::move(refined);
+      }
+    }
+    return best;
+  }
+  const Buckets buckets = choice.buckets == 0
+                              ? exact
+                              : bucketize(lengths, costs.cluster_capacity_tokens(), choice.buckets);
+  MilpOptions options = choice.milp;
+  options.warm_starts = homogeneous_solutions(costs, buckets.problem);
+  const MilpResult milp = solve_milp(costs, buckets.problem, options);
+  if (!milp.solution.feasible()) return {};
+  return materialise(costs, milp.solution, buckets.item_of_sequence, ids, lengths);
+}
+
+/// Groups in ascending degree on consecutive ranks (buddy-aligned: the ranks before a
+/// group of degree d are a multiple of d because every degree is a power of two dividing
+/// the rank count). Ties keep the solver's order.
+MicroBatch place(const GroupCosts& costs, ConcreteMicroBatch solved, const Plan& plan) {
+  std::stable_sort(solved.groups.begin(), solved.groups.end(),
+                   [](const ConcreteGroup& a, const ConcreteGroup& b) {
+                     return a.degree_index < b.degree_index;
+                   });
+  MicroBatch micro_batch;
+  int first_rank = 0;
+  for (const ConcreteGroup& group : solved.groups) {
+    const int degree = costs.at(group.degree_index).degree;
+    BALLAST_CHECK(first_rank % degree == 0, "ascending power-of-two groups are buddy-aligned");
+    micro_batch.groups.push_back(
+        ulysses_group(group.sequence_ids, consecutive_ranks(first_rank, degree), plan));
+    first_rank += degree;
+  }
+  return micro_batch;
+}
+
+Plan plan_flexsp(const Batch& batch, const CostModel& cost, const SolverChoice& choice,
+                 const std::string& strategy) {
+  Plan plan = make_plan_skeleton(batch, cost, strategy);
+  default_degree(batch, cost, Scheme::ulysses, strategy);  // PlanningError naming a too-long sequence
+  const GroupCosts costs(cost);
+  // Sequence Blaster: the batch sorted ascending (ties: id), cut into M contiguous
+  // micro-batches with the least largest token sum, for M = M_min .. M_min + 4.
+  std::vector<std::int64_t> ids(batch.lengths_tokens.size());
+  std::iota(ids.begin(), ids.end(), std::int64_t{0});
+  std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t a, std::int64_t b) {
+    return batch.lengths_tokens[static_cast<std::size_t>(a)] <
+           batch.lengths_tokens[static_cast<std::size_t>(b)];
+  });
+  std::vector<Tokens> lengths;
+  for (std::int64_t id : ids) lengths.push_back(batch.lengths_tokens[static_cast<std::size_t>(id)]);
+  const std::size_t n = lengths.size();
+  const Tokens total_tokens = std::accumulate(lengths.begin(), lengths.end(), Tokens{0});
+  const auto min_micro_batches = static_cast<std::size_t>(std::max<Tokens>(
+      1, (total_tokens + costs.cluster_capacity_tokens() - 1) / costs.cluster_capacity_tokens()));
+  std::vector<ConcreteMicroBatch> best;
+  Seconds best_time_s = 0;
+  // Past M_min + 4 only while nothing was feasible (bin-packing can defeat the token
+  // bound); one sequence per micro-batch always is, since each fits some group.
+  for (std::size_t m = std::min(min_micro_batches, n);
+       m <= n && (m <= min_micro_batches + kExtraMicroBatches || best.empty()); ++m) {
+    const std::vector<std::size_t> starts = min_max_token_split(lengths, m);
+    std::vector<ConcreteMicroBatch> candidate;
+    Seconds time_s = 0;
+    for (std::size_t b = 0; b < m; ++b) {
+      const std::size_t begin = starts[b];
+      const std::size_t end = b + 1 < m ? starts[b + 1] : n;
+      candidate.push_back(solve_micro_batch(costs, choice,
+                                            std::span(ids).subspan(begin, end - begin),
+                                            std::span(lengths).subspan(begin, end - begin)));
+      if (candidate.back().groups.empty()) break;  // this M cannot run
+      time_s += candidate.back().makespan_s;
+    }
+    if (candidate.size() < m || candidate.back().groups.empty()) continue;
+    if (best.empty() || time_s < best_time_s) {
+      best = std::move(candidate);
+      best_time_s = time_s;
+    }
+  }
+  BALLAST_CHECK(!best.empty(), "one sequence per micro-batch is always feasible");
+  for (ConcreteMicroBatch& micro_batch : best) {
+    plan.micro_batches.push_back(place(costs, std::move(micro_batch), plan));
+  }
+  return plan;
+}
+
+PlannerParameter max_nodes_parameter(const char* what) {
+  return {"max-nodes", fmt::format("{} branch-and-bound node budget per micro-batch (deterministic; "
+                                   "FlexSP stopped SCIP after 10 s) [default: {}]",
+                                   what, MilpOptions{}.max_nodes)};
+}
+
+PlannerParameter buckets_parameter() {
+  return {"buckets", "initial bucket count Q of the MILP, raised while padding exceeds half the "
+                     "free room, or 'exact' for the per-sequence MILP [default: 16]"};
+}
+
+void read_milp_parameters(const PlannerOptions& options, SolverChoice& choice) {
+  choice.milp.max_nodes = static_cast<int>(
+      integer_parameter_or(options, "max-nodes", choice.milp.max_nodes, 0, 100'000'000));
+  if (parameter_or(options, "buckets", "") == "exact") {
+    choice.buckets = 0;
+  } else {
+    choice.buckets = static_cast<std::size_t>(integer_parameter_or(options, "buckets", 16, 1, 4096));
+  }
+}
+
+class FlexSpPlanner final : public Planner {
+ public:
+  std::string name() const override { return "flexsp"; }
+  std::string description() const override {
+    return "FlexSP (faithful): heterogeneous power-of-two Ulysses groups per micro-batch from "
+           "Sequence Blaster + bucketed MILP solved by CBC";
+  }
+  std::vector<PlannerParameter> parameters() const override {
+    return {max_nodes_parameter("MILP"), buckets_parameter()};
+  }
+  Plan plan(const Batch& batch, const CostModel& cost,
+            const PlannerOptions& options) const override {
+    SolverChoice choice;
+    read_milp_parameters(options, choice);
+    return plan_flexsp(batch, cost, choice, name());
+  }
+};
+
+class FlexSpFastPlanner final : public Planner {
+ public:
+  std::string name() const override { return "flexsp-fast"; }
+  std::string description() const override {
+    return "FlexSP's group space without a solver: Sequence Blaster + a greedy / local-search "
+           "planner per micro-batch (refine=milp adds the MILP)";
+  }
+  std::vector<PlannerParameter> parameters() const override {
+    return {{"refine", "none, or milp: also solve FlexSP's MILP per micro-batch and keep the "
+                       "faster [default: none]"},
+            max_nodes_parameter("with refine=milp, the MILP's"), buckets_parameter()};
+  }
+  Plan plan(const Batch& batch, const CostModel& cost,
+            const PlannerOptions& options) const override {
+    SolverChoice choice;
+    choice.kind = SolverChoice::Kind::fast;
+    const std::string refine = parameter_or(options, "refine", "none");
+    if (refine != "none" && refine != "milp") {
+      throw InputError(fmt::format("strategy parameter refine={}: use none or milp", refine));
+    }
+    choice.refine_with_milp = refine == "milp";
+    read_milp_parameters(options, choice);
+    return plan_flexsp(batch, cost, choice, name());
+  }
+};
+
+}  // namespace
+
+}  // namespace ballast::strategies::flexsp
+
+namespace ballast::strategies {
+
+std::unique_ptr<Planner> make_flexsp_planner() {
+  return std::make_unique<flexsp::FlexSpPlanner>();
+}
+std::unique_ptr<Planner> make_flexsp_fast_planner() {
+  return std::make_unique<flexsp::FlexSpFastPlanner>();
+}
+
+}  // namespace ballast::strategies
