@@ -267,7 +267,12 @@ int run_compare(const CompareArgs& args) {
                        "(see `ballast list strategies`)");
     }
   }
-  if (!args.baseline.empty()) settings.baseline = args.baseline;
+  if (!args.baseline.empty()) {
+    settings.baseline = args.baseline;
+  } else if (std::find(settings.strategies.begin(), settings.strategies.end(), settings.baseline) ==
+             settings.strategies.end()) {
+    settings.baseline.clear();  // a scenario's baseline that --strategies left out: the default
+  }
   // Progress on stderr only when it is a terminal (never in pipes, files or CI logs).
   CompareProgress progress;
   if (isatty(STDERR_FILENO) != 0) {
