@@ -37,6 +37,9 @@ class Planner {
   virtual std::string description() const = 0;  ///< one line for `ballast list strategies`
   /// Keys this planner takes in a strategy spec; none by default.
   virtual std::vector<PlannerParameter> parameters() const { return {}; }
+  /// Throws InputError naming a parameter whose value this planner cannot take (checked
+  /// when a spec is parsed, before any batch is planned).
+  virtual void check_options(const PlannerOptions& /*options*/) const {}
   /// Throws PlanningError naming the sequence and why when the batch cannot run.
   virtual Plan plan(const Batch& batch, const CostModel& cost,
                     const PlannerOptions& options) const = 0;
@@ -58,7 +61,8 @@ struct StrategySpec {
 };
 /// Throws InputError naming the spec and the fix: unknown strategy, a parameter not of
 /// the form key=value, a key the strategy does not take (listing those it does), a
-/// repeated key, or a degree that is not a positive integer.
+/// repeated key, a degree that is not a positive integer, or a value the planner's
+/// check_options() rejects.
 StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& base = {});
 
 /// The value of a spec parameter, or `fallback` when the spec did not set it.

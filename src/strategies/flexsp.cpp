@@ -220,11 +220,17 @@ class FlexSpPlanner final : public Planner {
   std::vector<PlannerParameter> parameters() const override {
     return {max_nodes_parameter("MILP"), buckets_parameter()};
   }
+  void check_options(const PlannerOptions& options) const override { choice_of(options); }
   Plan plan(const Batch& batch, const CostModel& cost,
             const PlannerOptions& options) const override {
+    return plan_flexsp(batch, cost, choice_of(options), name());
+  }
+
+ private:
+  static SolverChoice choice_of(const PlannerOptions& options) {
     SolverChoice choice;
     read_milp_parameters(options, choice);
-    return plan_flexsp(batch, cost, choice, name());
+    return choice;
   }
 };
 
@@ -240,8 +246,14 @@ class FlexSpFastPlanner final : public Planner {
                        "faster [default: none]"},
             max_nodes_parameter("with refine=milp, the MILP's"), buckets_parameter()};
   }
+  void check_options(const PlannerOptions& options) const override { choice_of(options); }
   Plan plan(const Batch& batch, const CostModel& cost,
             const PlannerOptions& options) const override {
+    return plan_flexsp(batch, cost, choice_of(options), name());
+  }
+
+ private:
+  static SolverChoice choice_of(const PlannerOptions& options) {
     SolverChoice choice;
     choice.kind = SolverChoice::Kind::fast;
     const std::string refine = parameter_or(options, "refine", "none");
@@ -250,7 +262,7 @@ class FlexSpFastPlanner final : public Planner {
     }
     choice.refine_with_milp = refine == "milp";
     read_milp_parameters(options, choice);
-    return plan_flexsp(batch, cost, choice, name());
+    return choice;
   }
 };
 

@@ -88,6 +88,7 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
     if (end == std::string::npos) break;
     begin = end + 1;
   }
+  spec.planner->check_options(spec.options);
   return spec;
 }
 

@@ -64,6 +64,15 @@ code=$(run "$work/scenario.txt" "$work/err" "$ballast" compare --scenario prolon
 check "compare scenario exits 0" test "$code" = 0
 check "compare scenario uses its cluster" has "$work/scenario.txt" "a800-roce"
 
+# FlexSP's scenario with strategy specs; --strategies without the scenario's baseline
+# falls back to the first strategy.
+code=$(run "$work/flexsp.txt" "$work/err" "$ballast" compare --scenario flexsp-7b-192k --nodes 2 --steps 1 --batch-size 32 --strategies flexsp-fast,flexsp:max-nodes=0)
+check "compare flexsp scenario exits 0" test "$code" = 0
+check "compare flexsp scenario lists the spec" has "$work/flexsp.txt" "flexsp:max-nodes=0"
+check "compare flexsp scenario speedup against the first" has "$work/flexsp.txt" "speedup: flexsp-fast step time"
+code=$(run "$work/strategies.txt" "$work/err" "$ballast" list strategies)
+check "list strategies shows parameters" has "$work/strategies.txt" ":max-nodes="
+
 # A strategy that fails on a later step reports the error and no partial figures.
 printf '[1000, 2000000]' > "$work/two.json"
 code=$(run "$work/partial.json" "$work/err" "$ballast" compare --lengths "$work/two.json" --sampling sequential --batch-size 1 --steps 2 --max-context 4000000 --strategies packed-dp,hybrid-dp --nodes 1 --format json)
@@ -138,6 +147,8 @@ expect_error "broken json lengths" "broken.json" compare --lengths "$work/broken
 expect_error "incomplete cluster file" "cluster.json" compare --cluster "$work/cluster.json"
 expect_error "zero nodes" "--nodes" compare --nodes 0
 expect_error "empty strategy list" "--strategies" compare --strategies ,
+expect_error "unknown strategy parameter" "static-ulysses takes degree" compare --strategies static-ulysses:deg=8
+expect_error "bad strategy parameter value" "refine=maybe" compare --strategies flexsp-fast:refine=maybe --steps 1
 expect_error "context too short to fill a batch" "--max-context 1" compare --max-context 1 --steps 1
 /usr/bin/python3 - "$source_dir/data/presets/example-cluster.json" "$work/impossible.json" <<'PY'
 import json, sys
