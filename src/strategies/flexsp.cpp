@@ -85,30 +85,11 @@ ConcreteMicroBatch materialise(const GroupCosts& costs, const Solution& solution
   return result;
 }
 
-/// Solves one micro-batch (sequences given ascending by length); no groups if infeasible.
-ConcreteMicroBatch solve_micro_batch(const GroupCosts& costs, const SolverChoice& choice,
-                                     std::span<const std::int64_t> ids,
-                                     std::span<const Tokens> lengths) {
-  const Buckets exact = exact_items(lengths);
-  if (choice.kind == SolverChoice::Kind::fast) {
-    const Solution fast = solve_fast(costs, exact.problem);
-    if (!fast.feasible()) return {};
-    ConcreteMicroBatch best = materialise(costs, fast, exact.item_of_sequence, ids, lengths);
-    if (choice.refine_with_milp) {
-      const Buckets buckets = choice.buckets == 0
-                                  ? exact
-                                  : bucketize(lengths, costs.cluster_capacity_tokens(), choice.buckets);
-      MilpOptions options = choice.milp;
-      options.warm_starts = homogeneous_solutions(costs, buckets.problem);
-      const MilpResult milp = solve_milp(costs, buckets.problem, options);
-      if (milp.solution.feasible()) {
-        ConcreteMicroBatch refined =
-            materialise(costs, milp.solution, buckets.item_of_sequence, ids, lengths);
-        if (refined.makespan_s < best.makespan_s) best = std::move(refined);
-      }
-    }
-    return best;
-  }
+/// FlexSP's MILP on the micro-batch's buckets (or its exact items), warm-started with the
+/// greedy homogeneous plans and materialised; no groups if infeasible.
+ConcreteMicroBatch solve_by_milp(const GroupCosts& costs, const SolverChoice& choice,
+                                 const Buckets& exact, std::span<const std::int64_t> ids,
+                                 std::span<const Tokens> lengths) {
   const Buckets buckets = choice.buckets == 0
                               ? exact
                               : bucketize(lengths, costs.cluster_capacity_tokens(), choice.buckets);
@@ -117,6 +98,24 @@ ConcreteMicroBatch solve_micro_batch(const GroupCosts& costs, const SolverChoice
   const MilpResult milp = solve_milp(costs, buckets.problem, options);
   if (!milp.solution.feasible()) return {};
   return materialise(costs, milp.solution, buckets.item_of_sequence, ids, lengths);
+}
+
+/// Solves one micro-batch (sequences given ascending by length); no groups if infeasible.
+ConcreteMicroBatch solve_micro_batch(const GroupCosts& costs, const SolverChoice& choice,
+                                     std::span<const std::int64_t> ids,
+                                     std::span<const Tokens> lengths) {
+  const Buckets exact = exact_items(lengths);
+  if (choice.kind == SolverChoice::Kind::milp) {
+    return solve_by_milp(costs, choice, exact, ids, lengths);
+  }
+  const Solution fast = solve_fast(costs, exact.problem);
+  if (!fast.feasible()) return {};
+  ConcreteMicroBatch best = materialise(costs, fast, exact.item_of_sequence, ids, lengths);
+  if (choice.refine_with_milp) {
+    ConcreteMicroBatch refined = solve_by_milp(costs, choice, exact, ids, lengths);
+    if (!refined.groups.empty() && refined.makespan_s < best.makespan_s) best = std::move(refined);
+  }
+  return best;
 }
 
 /// Groups in ascending degree on consecutive ranks (buddy-aligned: the ranks before a
@@ -203,14 +202,32 @@ PlannerParameter buckets_parameter() {
 void read_milp_parameters(const PlannerOptions& options, SolverChoice& choice) {
   choice.milp.max_nodes = static_cast<int>(
       integer_parameter_or(options, "max-nodes", choice.milp.max_nodes, 0, 100'000'000));
-  if (parameter_or(options, "buckets", "") == "exact") {
+  const std::string buckets = parameter_or(options, "buckets", "16");
+  if (buckets == "exact") {
     choice.buckets = 0;
+  } else if (buckets.find_first_not_of("0123456789") != std::string::npos) {
+    throw InputError(fmt::format("strategy parameter buckets={}: use an integer from 1 to 4096 "
+                                 "or exact", buckets));
   } else {
     choice.buckets = static_cast<std::size_t>(integer_parameter_or(options, "buckets", 16, 1, 4096));
   }
 }
 
-class FlexSpPlanner final : public Planner {
+/// The two planners differ only in their parameters and how a micro-batch is solved.
+class FlexSpPlannerBase : public Planner {
+ public:
+  void check_options(const PlannerOptions& options) const override { choice_of(options); }
+  Plan plan(const Batch& batch, const CostModel& cost,
+            const PlannerOptions& options) const override {
+    return plan_flexsp(batch, cost, choice_of(options), name());
+  }
+
+ protected:
+  /// Throws InputError naming a parameter with a value the planner cannot take.
+  virtual SolverChoice choice_of(const PlannerOptions& options) const = 0;
+};
+
+class FlexSpPlanner final : public FlexSpPlannerBase {
  public:
   std::string name() const override { return "flexsp"; }
   std::string description() const override {
@@ -220,21 +237,16 @@ class FlexSpPlanner final : public Planner {
   std::vector<PlannerParameter> parameters() const override {
     return {max_nodes_parameter("MILP"), buckets_parameter()};
   }
-  void check_options(const PlannerOptions& options) const override { choice_of(options); }
-  Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& options) const override {
-    return plan_flexsp(batch, cost, choice_of(options), name());
-  }
 
  private:
-  static SolverChoice choice_of(const PlannerOptions& options) {
+  SolverChoice choice_of(const PlannerOptions& options) const override {
     SolverChoice choice;
     read_milp_parameters(options, choice);
     return choice;
   }
 };
 
-class FlexSpFastPlanner final : public Planner {
+class FlexSpFastPlanner final : public FlexSpPlannerBase {
  public:
   std::string name() const override { return "flexsp-fast"; }
   std::string description() const override {
@@ -246,14 +258,9 @@ class FlexSpFastPlanner final : public Planner {
                        "faster [default: none]"},
             max_nodes_parameter("with refine=milp, the MILP's"), buckets_parameter()};
   }
-  void check_options(const PlannerOptions& options) const override { choice_of(options); }
-  Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& options) const override {
-    return plan_flexsp(batch, cost, choice_of(options), name());
-  }
 
  private:
-  static SolverChoice choice_of(const PlannerOptions& options) {
+  SolverChoice choice_of(const PlannerOptions& options) const override {
     SolverChoice choice;
     choice.kind = SolverChoice::Kind::fast;
     const std::string refine = parameter_or(options, "refine", "none");

@@ -13,20 +13,16 @@
 #include "builders.hpp"
 #include "fake_cost.hpp"
 #include "flexsp.hpp"
+#include "flexsp_test_support.hpp"
 #include "ulysses.hpp"
 
 namespace ballast::strategies::flexsp {
 namespace {
 
-std::unique_ptr<CostModel> preset_cost(const std::string& cluster, int nodes,
-                                       const std::string& model,
-                                       const std::string& cost_model = "analytical") {
-  return make_cost_model(load_cost_model_spec(cost_model), load_cluster(cluster, nodes),
-                         load_model(model));
-}
+using testing::preset_cost;
 
 std::unique_ptr<CostModel> flexsp_7b() {
-  return preset_cost("a100-ib400", 8, "gpt-7b", "flexsp-a100-192k");
+  return preset_cost("flexsp-a100-192k", "a100-ib400", 8, "gpt-7b");
 }
 
 TEST(FlexSpGroupCosts, FlexSpWorkedNumbers) {
@@ -62,7 +58,7 @@ TEST(FlexSpGroupCosts, FlexSpWorkedNumbers) {
 }
 
 TEST(FlexSpGroupCosts, GqaLimitsTheDegrees) {
-  const auto cost = preset_cost("h200", 4, "llama3-8b");  // 8 KV heads on 32 GPUs
+  const auto cost = preset_cost("analytical", "h200", 4, "llama3-8b");  // 8 KV heads on 32 GPUs
   const GroupCosts costs(*cost);
   EXPECT_EQ(costs.degrees().back().degree, 8);
   EXPECT_EQ(costs.ranks(), 32);
@@ -82,8 +78,8 @@ TEST(FlexSpGroupCosts, EqualsThePlanEstimate) {
   const std::vector<std::unique_ptr<CostModel>> costs_models = [] {
     std::vector<std::unique_ptr<CostModel>> made;
     made.push_back(flexsp_7b());
-    made.push_back(preset_cost("h100", 8, "llama-7b"));
-    made.push_back(preset_cost("a800-roce", 4, "llama-13b"));  // 2 GPUs per NIC
+    made.push_back(preset_cost("analytical", "h100", 8, "llama-7b"));
+    made.push_back(preset_cost("analytical", "a800-roce", 4, "llama-13b"));  // 2 GPUs per NIC
     return made;
   }();
   for (const auto& cost : costs_models) {
@@ -156,7 +152,7 @@ TEST(FlexSpHomogeneous, WarmStartsObeyTheRules) {
     }
   }
   // Two sequences cannot fill 64 GPUs with 8-way groups; GQA caps Ulysses at 8 here.
-  const auto gqa = preset_cost("h200", 8, "llama3-8b");
+  const auto gqa = preset_cost("analytical", "h200", 8, "llama3-8b");
   const GroupCosts gqa_costs(*gqa);
   const Problem pair{{4096, 70000}, {1, 1}};
   EXPECT_FALSE(every_gpu_used(gqa_costs, pair));

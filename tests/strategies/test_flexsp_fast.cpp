@@ -20,25 +20,18 @@
 #include "fake_cost.hpp"
 #include "flexsp.hpp"
 #include "flexsp_oracle.hpp"
+#include "flexsp_test_support.hpp"
 
 namespace ballast::strategies::flexsp {
 namespace {
 
+using testing::preset_cost;
 using testing::solve_exhaustive;
-
-std::unique_ptr<CostModel> preset_cost(const std::string& cost_model, const std::string& cluster,
-                                       int nodes, const std::string& model) {
-  return make_cost_model(load_cost_model_spec(cost_model), load_cluster(cluster, nodes),
-                         load_model(model));
-}
+using testing::uniform01;
 
 std::unique_ptr<CostModel> fake_cost(int kv_heads) {
   return std::make_unique<ballast::testing::FakeCostModel>(ballast::testing::tiny_cluster(2, 4),
                                                            ballast::testing::tiny_model(kv_heads));
-}
-
-double uniform01(std::uint64_t& state) {
-  return static_cast<double>(splitmix64_next(state) >> 11) * 0x1.0p-53;
 }
 
 /// Seeded small micro-batch: 1..max_sequences lengths, log-uniform up to the largest

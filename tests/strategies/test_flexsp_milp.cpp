@@ -21,27 +21,20 @@
 #include "fake_cost.hpp"
 #include "flexsp.hpp"
 #include "flexsp_oracle.hpp"
+#include "flexsp_test_support.hpp"
 
 namespace ballast::strategies::flexsp {
 namespace {
 
+using testing::preset_cost;
 using testing::solve_exhaustive;
-
-std::unique_ptr<CostModel> preset_cost(const std::string& cost_model, const std::string& cluster,
-                                       int nodes, const std::string& model) {
-  return make_cost_model(load_cost_model_spec(cost_model), load_cluster(cluster, nodes),
-                         load_model(model));
-}
+using testing::uniform01;
 
 /// Fake model with 8 KV heads on 2 nodes x 4 GPUs: degrees 1..8, capacities 194 (local),
 /// 124, 248 and 496 tokens, fixed costs 0, 80, 80 and 240 us.
 std::unique_ptr<CostModel> fake_cost() {
   return std::make_unique<ballast::testing::FakeCostModel>(ballast::testing::tiny_cluster(2, 4),
                                                            ballast::testing::tiny_model(8));
-}
-
-double uniform01(std::uint64_t& state) {
-  return static_cast<double>(splitmix64_next(state) >> 11) * 0x1.0p-53;
 }
 
 /// Seeded small micro-batch: 1..max_sequences lengths, log-uniform over [M / 256, M]
