@@ -166,16 +166,17 @@ Plan plan_flexsp(const Batch& batch, const CostModel& cost, const SolverChoice& 
     const std::vector<std::size_t> starts = min_max_token_split(lengths, m);
     std::vector<ConcreteMicroBatch> candidate;
     Seconds time_s = 0;
-    for (std::size_t b = 0; b < m; ++b) {
+    bool feasible = true;
+    for (std::size_t b = 0; b < m && feasible; ++b) {
       const std::size_t begin = starts[b];
       const std::size_t end = b + 1 < m ? starts[b + 1] : n;
       candidate.push_back(solve_micro_batch(costs, choice,
                                             std::span(ids).subspan(begin, end - begin),
                                             std::span(lengths).subspan(begin, end - begin)));
-      if (candidate.back().groups.empty()) break;  // this M cannot run
+      feasible = !candidate.back().groups.empty();  // else this M cannot run
       time_s += candidate.back().makespan_s;
     }
-    if (candidate.size() < m || candidate.back().groups.empty()) continue;
+    if (!feasible) continue;
     if (best.empty() || time_s < best_time_s) {
       best = std::move(candidate);
       best_time_s = time_s;

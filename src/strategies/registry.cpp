@@ -1,7 +1,7 @@
 // The strategy registry: one line per strategy, in a fixed order.
 #include <algorithm>
 #include <charconv>
-#include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -22,6 +22,19 @@ constexpr PlannerFactory kFactories[] = {
     strategies::make_batch_adaptive_planner,      strategies::make_hybrid_dp_planner,
     strategies::make_flexsp_planner,              strategies::make_flexsp_fast_planner,
 };
+
+/// `text` as an integer in [min_value, max_value]; InputError naming key=text otherwise.
+long long parse_integer_parameter(const std::string& key, const std::string& text,
+                                  long long min_value, long long max_value) {
+  long long value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < min_value ||
+      value > max_value) {
+    throw InputError(fmt::format("strategy parameter {}={}: expected an integer from {} to {}",
+                                 key, text, min_value, max_value));
+  }
+  return value;
+}
 
 }  // namespace
 
@@ -61,7 +74,7 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
       keys.empty() ? fmt::format("{} takes no parameters", spec.planner->name())
                    : fmt::format("{} takes {}", spec.planner->name(), fmt::join(keys, ", "));
   std::size_t begin = colon + 1;
-  std::map<std::string, std::string> seen;
+  std::set<std::string> seen;
   while (true) {
     const std::size_t end = text.find(':', begin);
     const std::string item = text.substr(begin, end == std::string::npos ? end : end - begin);
@@ -76,12 +89,11 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
       throw InputError(fmt::format("strategy '{}': unknown parameter '{}'; {}", text, key, known));
     }
-    if (!seen.emplace(key, value).second) {
+    if (!seen.insert(key).second) {
       throw InputError(fmt::format("strategy '{}': parameter '{}' given twice", text, key));
     }
     if (key == "degree") {
-      spec.options.degree =
-          static_cast<int>(integer_parameter_or({{}, {{key, value}}}, key, 0, 1, 1 << 20));
+      spec.options.degree = static_cast<int>(parse_integer_parameter(key, value, 1, 1 << 20));
     } else {
       spec.options.parameters[key] = value;
     }
@@ -102,15 +114,7 @@ long long integer_parameter_or(const PlannerOptions& options, const std::string&
                                long long fallback, long long min_value, long long max_value) {
   const auto found = options.parameters.find(key);
   if (found == options.parameters.end()) return fallback;
-  const std::string& text = found->second;
-  long long value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || value < min_value ||
-      value > max_value) {
-    throw InputError(fmt::format("strategy parameter {}={}: expected an integer from {} to {}",
-                                 key, text, min_value, max_value));
-  }
-  return value;
+  return parse_integer_parameter(key, found->second, min_value, max_value);
 }
 
 }  // namespace ballast

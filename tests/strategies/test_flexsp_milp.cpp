@@ -194,6 +194,21 @@ TEST(FlexSpMilp, BucketedLongSequencesBeatGreedyOn64Gpus) {
   EXPECT_GE(degrees.size(), 2u) << "the optimum mixes degrees";
 }
 
+/// Solves `problem` warm-started with the greedy plans, as the planner does, and checks
+/// that the result obeys the rules, is no worse than the best greedy plan and no better
+/// than CBC's own bound.
+void expect_warm_started_solve_sound(const GroupCosts& costs, const Problem& problem,
+                                     int max_nodes) {
+  MilpOptions options;
+  options.max_nodes = max_nodes;
+  options.warm_starts = homogeneous_solutions(costs, problem);
+  ASSERT_FALSE(options.warm_starts.empty());
+  const MilpResult milp = solve_milp(costs, problem, options);
+  EXPECT_EQ(check_solution(costs, problem, milp.solution), "");
+  EXPECT_LE(milp.solution.makespan_s, best_makespan_s(options.warm_starts));
+  EXPECT_LE(milp.best_bound_s, milp.solution.makespan_s * (1 + 1e-9));
+}
+
 TEST(FlexSpMilp, BucketedNeverWorseThanGreedyOn64Gpus) {
   // Short sequences: 128 documents (one micro-batch) and the short half of 512.
   const auto cost = flexsp_7b_64_gpus();
@@ -202,14 +217,7 @@ TEST(FlexSpMilp, BucketedNeverWorseThanGreedyOn64Gpus) {
                               micro_batches(costs, wikipedia_batch(500000, 512)).front()};
   for (const Problem& problem : problems) {
     SCOPED_TRACE(::testing::Message() << problem.sequences() << " sequences");
-    MilpOptions options;
-    options.max_nodes = 20;
-    options.warm_starts = homogeneous_solutions(costs, problem);
-    ASSERT_FALSE(options.warm_starts.empty());
-    const MilpResult milp = solve_milp(costs, problem, options);
-    EXPECT_EQ(check_solution(costs, problem, milp.solution), "");
-    EXPECT_LE(milp.solution.makespan_s, best_makespan_s(options.warm_starts));
-    EXPECT_LE(milp.best_bound_s, milp.solution.makespan_s * (1 + 1e-9));
+    expect_warm_started_solve_sound(costs, problem, 20);
   }
 }
 
@@ -266,13 +274,7 @@ TEST(FlexSpMilp, PerSequenceSixtyFourGpus) {
   const GroupCosts costs(*cost);
   const Problem problem = exact_items(wikipedia_batch(0, 128)).problem;
   ASSERT_EQ(problem.lengths_tokens.size(), 111U);
-  MilpOptions options;
-  options.max_nodes = 0;
-  options.warm_starts = homogeneous_solutions(costs, problem);
-  const MilpResult result = solve_milp(costs, problem, options);
-  EXPECT_EQ(check_solution(costs, problem, result.solution), "");
-  EXPECT_LE(result.solution.makespan_s, best_makespan_s(options.warm_starts));
-  EXPECT_LE(result.best_bound_s, result.solution.makespan_s * (1 + 1e-9));
+  expect_warm_started_solve_sound(costs, problem, 0);
 }
 
 // ---- infeasible input and idle GPUs ----
