@@ -19,6 +19,11 @@ namespace ballast {
 
 inline constexpr int kPlanFormatVersion = 1;
 
+/// Upper limit of AttentionGroup::routing_chunks: every chunk pays the link latency on
+/// each of its three hops, so beyond this many chunks per-chunk latency dominates and
+/// finer pipelining only slows a transfer down.
+inline constexpr int kMaxRoutingChunks = 64;
+
 /// How a group computes attention for its sequences.
 enum class Scheme {
   local,       ///< one rank, whole documents, no communication (varlen attention)
@@ -53,6 +58,9 @@ struct AttentionGroup {
   /// Inter-node transfers of this group are split over this many proxy GPUs per node
   /// (Zeppelin's routing layer); 1 = each transfer goes through the sender's own NIC.
   int routing_proxies = 1;
+  /// Each routed part of an inter-node transfer is pipelined in this many chunks so
+  /// dispatch, NIC transfer and combine overlap; 1 = one piece per part.
+  int routing_chunks = 1;
 };
 
 /// Tokens of a sequence held by a rank during the linear modules (Zeppelin's remap).
@@ -111,13 +119,13 @@ struct ValidationResult {
 /// Checks, in this order, and reports the first violation: format version; the plan's
 /// cluster and model match the cost model's; rank indices in range and distinct per
 /// group; every group non-empty with a known scheme (local: one rank; ulysses: size
-/// divides kv_heads); routing_proxies in [1, gpus_per_node]; every sequence appears in
-/// exactly one group of one micro-batch and its chunks cover [0, padded length) exactly
-/// once, with padded length >= length and < length + 2 * group size; every chunk on one
-/// of its group's ranks; queues (if given) list exactly each rank's groups and admit a
-/// deadlock-free order (no cycle between ranks' orders); the linear layout (if given)
-/// covers every sequence's [0, length) exactly once; per-rank peak memory fits the
-/// cost model's memory limit.
+/// divides kv_heads); routing_proxies in [1, gpus_per_node] and routing_chunks in
+/// [1, kMaxRoutingChunks]; every sequence appears in exactly one group of one micro-batch
+/// and its chunks cover [0, padded length) exactly once, with padded length >= length and
+/// < length + 2 * group size; every chunk on one of its group's ranks; queues (if given)
+/// list exactly each rank's groups and admit a deadlock-free order (no cycle between ranks'
+/// orders); the linear layout (if given) covers every sequence's [0, length) exactly once;
+/// per-rank peak memory fits the cost model's memory limit.
 ValidationResult validate(const Plan& plan, const CostModel& cost);
 
 /// validate() and throw InputError("plan <source> is invalid: <message>") on failure.

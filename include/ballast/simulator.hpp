@@ -73,6 +73,17 @@ struct SimulationReport {
 SimulationReport simulate(const Plan& plan, const CostModel& cost,
                           const SimulationOptions& options = {});
 
+/// The time the simulator gives one transfer of bytes_per_layer from src to dst alone on
+/// an idle cluster (whole model, like every CostModel time): the transfer is built and run
+/// by the same code as a ring's transfers (routing_proxies clamped to nics_per_node; direct
+/// inside a node or with one proxy; routed parts pipelined in routing_chunks pieces), so a
+/// planner deciding whether routing pays sees exactly the simulator's arithmetic. 0 for
+/// src == dst or no bytes. Throws InputError for a rank outside the cluster,
+/// routing_proxies outside [1, gpus_per_node] or routing_chunks outside
+/// [1, kMaxRoutingChunks] (the ranges validate() accepts).
+Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
+                                 int dst_rank, int routing_proxies, int routing_chunks);
+
 /// Chrome trace-event JSON (open in ui.perfetto.dev): one process per rank, one thread
 /// per lane, times in microseconds.
 void write_chrome_trace(const SimulationReport& report, std::ostream& out);

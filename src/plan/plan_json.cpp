@@ -41,10 +41,14 @@ json sequence_to_json(const SequenceChunks& sequence) {
 json group_to_json(const AttentionGroup& group) {
   json sequences = json::array();
   for (const auto& sequence : group.sequences) sequences.push_back(sequence_to_json(sequence));
-  return json{{"scheme", to_string(group.scheme)},
-              {"ranks", group.ranks},
-              {"routing_proxies", group.routing_proxies},
-              {"sequences", std::move(sequences)}};
+  json out{{"scheme", to_string(group.scheme)},
+           {"ranks", group.ranks},
+           {"routing_proxies", group.routing_proxies},
+           {"sequences", std::move(sequences)}};
+  // Optional, written only when it differs from the default so that plans without
+  // pipelined routing keep their exact text.
+  if (group.routing_chunks != 1) out["routing_chunks"] = group.routing_chunks;
+  return out;
 }
 
 json micro_batch_to_json(const MicroBatch& micro_batch) {
@@ -210,6 +214,9 @@ AttentionGroup group_from_json(const Reader& reader, const json& value, const Js
       rank_list_from_json(reader, reader.member(value, path, "ranks"), path.member("ranks"));
   group.routing_proxies = reader.small_integer(reader.member(value, path, "routing_proxies"),
                                                path.member("routing_proxies"));
+  if (const json* chunks = reader.optional_member(value, "routing_chunks")) {
+    group.routing_chunks = reader.small_integer(*chunks, path.member("routing_chunks"));
+  }
   const JsonPath sequences_path = path.member("sequences");
   const json& sequences = reader.array(reader.member(value, path, "sequences"), sequences_path);
   group.sequences.reserve(sequences.size());

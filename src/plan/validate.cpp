@@ -204,12 +204,19 @@ Violation check_routing(const Plan& plan) {
   const int gpus_per_node = plan.cluster.gpus_per_node;
   return for_each_group(
       plan, [&](std::size_t m, std::size_t g, const AttentionGroup& group) -> Violation {
-        if (group.routing_proxies >= 1 && group.routing_proxies <= gpus_per_node)
-          return std::nullopt;
-        return fmt::format(
-            "{}: routing_proxies {} is outside [1, {}] (at least 1, at most the GPUs "
-            "per node)",
-            group_label(m, g, group), group.routing_proxies, gpus_per_node);
+        if (group.routing_proxies < 1 || group.routing_proxies > gpus_per_node) {
+          return fmt::format(
+              "{}: routing_proxies {} is outside [1, {}] (at least 1, at most the GPUs "
+              "per node)",
+              group_label(m, g, group), group.routing_proxies, gpus_per_node);
+        }
+        if (group.routing_chunks < 1 || group.routing_chunks > kMaxRoutingChunks) {
+          return fmt::format(
+              "{}: routing_chunks {} is outside [1, {}] (at least 1; beyond {} chunks the "
+              "per-chunk latency dominates)",
+              group_label(m, g, group), group.routing_chunks, kMaxRoutingChunks, kMaxRoutingChunks);
+        }
+        return std::nullopt;
       });
 }
 

@@ -191,7 +191,7 @@ class StepBuilder {
       const int dst = to_attention ? flow.attention_rank : flow.linear_rank;
       if (src == dst) continue;
       incoming[dst].push_back(
-          add_p2p(ctx, src, dst, bytes_per_token * flow.tokens, cursor_[src], 1, [&] {
+          add_p2p(ctx, src, dst, bytes_per_token * flow.tokens, cursor_[src], 1, 1, [&] {
             return fmt::format("remap {} to {}", pass_name(pass),
                                to_attention ? "attention" : "linear");
           }));

@@ -1,5 +1,6 @@
 // Attention schemes as tasks (local, ring with overlapped KV passing, all-gather,
-// Ulysses all-to-alls) and point-to-point transfers, direct or routed over proxy GPUs.
+// Ulysses all-to-alls) and point-to-point transfers, direct or routed over proxy GPUs in
+// pipelined pieces.
 #include "schemes.hpp"
 
 #include <fmt/format.h>
@@ -189,13 +190,13 @@ void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
         // buffers are posted when it reaches the ring in its own program) and holds it.
         const int holds_block[] = {reach[i], block};
         const int ready = j == 0 ? reach[i] : ctx.graph.add_join(holds_block);
-        sends[i] = add_p2p(ctx, ranks[i], ranks[next], block_bytes, ready,
-                           group.routing_proxies,
+        sends[i] = add_p2p(ctx, ranks[i], ranks[next], block_bytes, ready, group.routing_proxies,
+                           group.routing_chunks,
                            [&] { return fmt::format("ring kv fwd g{} step {}", g, j); });
       } else if (!forward) {
         const bool last = j == g - 1;  // the last send carries only the dKV home
         sends[i] = add_p2p(ctx, ranks[i], ranks[next], (last ? 1 : 2) * block_bytes,
-                           last_compute[i], group.routing_proxies, [&] {
+                           last_compute[i], group.routing_proxies, group.routing_chunks, [&] {
                              return last ? fmt::format("ring dkv bwd g{}", g)
                                          : fmt::format("ring kv+dkv bwd g{} step {}", g, j);
                            });
@@ -216,27 +217,45 @@ int add_direct_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
                                 ctx.ports.transfer_ports(src_rank, dst_rank), {dep}, name);
 }
 
-/// Zeppelin routing: dispatch B/k to k-1 proxies on the source node (NVLink), k NIC
-/// transfers of B/k between proxies with distinct NICs, combine on the destination node.
+/// Zeppelin routing: part t of k carries ceil(B/k) bytes. Part 0 leaves through the
+/// sender's own NIC; part t >= 1 is dispatched to proxy_src(t) over NVLink, crosses on
+/// that proxy's NIC to proxy_dst(t) and is combined into dst over NVLink, in pieces of
+/// ceil(share/chunks) bytes so that one piece's NIC transfer overlaps the next one's
+/// dispatch and the previous one's combine.
 int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer,
-                        int dep, int proxies, const std::function<std::string()>& name) {
+                        int dep, int proxies, int chunks,
+                        const std::function<std::string()>& name) {
+  BALLAST_CHECK(chunks >= 1, "a validated plan has routing_chunks >= 1");
   const Cluster& cluster = ctx.cost.cluster();
   const int gpus = cluster.gpus_per_node;
+  // t < proxies <= nics_per_node, so proxies 1..k-1 sit on k-1 other NICs of the node.
   const auto proxy = [&](int rank, int t) {
     return cluster.node_of(rank) * gpus + (rank % gpus + t * cluster.gpus_per_nic()) % gpus;
   };
   const Bytes share = (bytes_per_layer + proxies - 1) / proxies;
+  const Bytes piece_bytes = (share + chunks - 1) / chunks;
   std::vector<int> arrivals;
-  for (int t = 0; t < proxies; ++t) {
-    const int from = proxy(src_rank, t);
-    const int to = proxy(dst_rank, t);
-    const int dispatched =
-        add_p2p(ctx, src_rank, from, share, dep, 1, [&] { return name() + " (dispatch)"; });
-    const int crossed =
-        add_p2p(ctx, from, to, share, dispatched, 1, [&] { return name() + " (nic)"; });
-    arrivals.push_back(
-        add_p2p(ctx, to, dst_rank, share, crossed, 1, [&] { return name() + " (combine)"; }));
+  arrivals.push_back(
+      add_direct_transfer(ctx, src_rank, dst_rank, share, dep, [&] { return name() + " (nic)"; }));
+  // Pieces are created round-robin over the parts (piece 0 of every part first): all
+  // dispatches are ready together and share the sender's NVLink port, which serves equal
+  // ready times in creation order, so every proxy NIC gets its first piece early. A
+  // part's pieces hold the same ports and run in order, so its last piece arrives last.
+  std::vector<int> last_piece(static_cast<std::size_t>(proxies), -1);
+  for (Bytes begin = 0; begin < share; begin += piece_bytes) {
+    const Bytes bytes = std::min(piece_bytes, share - begin);
+    for (int t = 1; t < proxies; ++t) {
+      const int from = proxy(src_rank, t);
+      const int to = proxy(dst_rank, t);
+      const int dispatched = add_direct_transfer(ctx, src_rank, from, bytes, dep,
+                                                 [&] { return name() + " (dispatch)"; });
+      const int crossed =
+          add_direct_transfer(ctx, from, to, bytes, dispatched, [&] { return name() + " (nic)"; });
+      last_piece[t] = add_direct_transfer(ctx, to, dst_rank, bytes, crossed,
+                                          [&] { return name() + " (combine)"; });
+    }
   }
+  arrivals.insert(arrivals.end(), last_piece.begin() + 1, last_piece.end());
   return ctx.graph.add_join(arrivals);
 }
 
@@ -260,14 +279,15 @@ void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pa
 }
 
 int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
-            int routing_proxies, const std::function<std::string()>& name) {
+            int routing_proxies, int routing_chunks, const std::function<std::string()>& name) {
   if (src_rank == dst_rank || bytes_per_layer <= 0) return dep;
   const Cluster& cluster = ctx.cost.cluster();
   const int proxies = std::min(routing_proxies, cluster.nics_per_node);
   if (proxies <= 1 || cluster.same_node(src_rank, dst_rank)) {
     return add_direct_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, name);
   }
-  return add_routed_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, proxies, name);
+  return add_routed_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, proxies, routing_chunks,
+                             name);
 }
 
 }  // namespace ballast::sim

@@ -30,9 +30,10 @@ void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pa
 
 /// A transfer of bytes_per_layer from src to dst that can start once `dep` ended;
 /// inter-node transfers are split over routing_proxies proxy GPUs per node (Zeppelin's
-/// routing) when that is > 1. Returns the task at whose end the data has arrived (`dep`
+/// routing; clamped to nics_per_node) when that is > 1, each routed part pipelined in
+/// routing_chunks pieces. Returns the task at whose end the data has arrived (`dep`
 /// itself for a same-rank or empty transfer, which is free).
 int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
-            int routing_proxies, const std::function<std::string()>& name);
+            int routing_proxies, int routing_chunks, const std::function<std::string()>& name);
 
 }  // namespace ballast::sim

@@ -1,13 +1,17 @@
 // simulate(): validates a plan, runs its step's task graph through the event pump and
-// turns the timeline into per-rank busy / communication / exposed / idle times and a trace.
+// turns the timeline into per-rank busy / communication / exposed / idle times and a trace;
+// isolated_transfer_time_s(): one transfer alone through the same task graph.
 #include "ballast/simulator.hpp"
 
 #include <algorithm>
 #include <numeric>
 #include <tuple>
 
+#include <fmt/format.h>
+
 #include "ballast/error.hpp"
 #include "program.hpp"
+#include "schemes.hpp"
 #include "timeline.hpp"
 
 namespace ballast {
@@ -158,6 +162,36 @@ SimulationReport simulate(const Plan& plan, const CostModel& cost,
   summarise(report);
   if (options.record_trace) report.trace = trace_of(graph);
   return report;
+}
+
+Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
+                                 int dst_rank, int routing_proxies, int routing_chunks) {
+  const Cluster& cluster = cost.cluster();
+  for (const int rank : {src_rank, dst_rank}) {
+    if (rank < 0 || rank >= cluster.ranks()) {
+      throw InputError(
+          fmt::format("isolated_transfer_time_s: rank {} is outside the cluster's ranks [0, {})",
+                      rank, cluster.ranks()));
+    }
+  }
+  if (routing_proxies < 1 || routing_proxies > cluster.gpus_per_node) {
+    throw InputError(fmt::format(
+        "isolated_transfer_time_s: routing_proxies {} is outside [1, {}] (at least 1, at most "
+        "the GPUs per node)",
+        routing_proxies, cluster.gpus_per_node));
+  }
+  if (routing_chunks < 1 || routing_chunks > kMaxRoutingChunks) {
+    throw InputError(fmt::format("isolated_transfer_time_s: routing_chunks {} is outside [1, {}]",
+                                 routing_chunks, kMaxRoutingChunks));
+  }
+  const sim::LinkPorts ports(cluster);
+  sim::TaskGraph graph(/*keep_names=*/false);
+  std::vector<int> cursor(static_cast<std::size_t>(cluster.ranks()), -1);
+  sim::BuildContext ctx{cost, ports, graph, cursor};
+  const int arrival = sim::add_p2p(ctx, src_rank, dst_rank, bytes_per_layer, -1, routing_proxies,
+                                   routing_chunks, [] { return std::string(); });
+  graph.run(ports.count());
+  return arrival < 0 ? 0.0 : graph.task(arrival).end_s();
 }
 
 }  // namespace ballast

@@ -175,6 +175,36 @@ TEST(PlanJson, NestedErrorsNameTheJsonPath) {
             "end], got array [7,3,3000]");
 }
 
+TEST(PlanJson, RoutingChunksAreOptionalAndWrittenOnlyWhenNotOne) {
+  // Absent: the default 1, and no key in the canonical text (older plans keep their bytes).
+  const std::string plain = plan_to_string(base_plan());
+  EXPECT_EQ(plain.find("routing_chunks"), std::string::npos);
+  const Plan plain_back = plan_from_json(json::parse(plain), "plan.json");
+  for (const MicroBatch& micro_batch : plain_back.micro_batches) {
+    for (const AttentionGroup& group : micro_batch.groups) EXPECT_EQ(group.routing_chunks, 1);
+  }
+  // 4: written on that group only, read back, byte-identical round trip.
+  Plan plan = full_plan();
+  plan.micro_batches[1].groups[0].routing_chunks = 4;
+  const json out = to_json(plan);
+  EXPECT_EQ(out["micro_batches"][1]["groups"][0]["routing_chunks"], 4);
+  EXPECT_FALSE(out["micro_batches"][0]["groups"][2].contains("routing_chunks"));
+  const std::string text = plan_to_string(plan);
+  const Plan back = plan_from_json(json::parse(text), "plan.json");
+  EXPECT_EQ(back.micro_batches[1].groups[0].routing_chunks, 4);
+  EXPECT_EQ(back.micro_batches[0].groups[2].routing_chunks, 1);
+  EXPECT_EQ(plan_to_string(back), text);
+  // Read with the same integer reader as routing_proxies.
+  EXPECT_EQ(
+      error_after([](json& d) { d["micro_batches"][1]["groups"][0]["routing_chunks"] = 1.5; }),
+      "plan.json: micro_batches[1].groups[0].routing_chunks: expected an integer, got "
+      "number 1.5");
+  EXPECT_EQ(error_after(
+                [](json& d) { d["micro_batches"][1]["groups"][0]["routing_chunks"] = 4294967296; }),
+            "plan.json: micro_batches[1].groups[0].routing_chunks: integer 4294967296 does not "
+            "fit in 32 bits");
+}
+
 TEST(PlanJson, RealPresetsRoundTrip) {
   Plan plan = base_plan();
   plan.cluster = cluster_preset("h200");

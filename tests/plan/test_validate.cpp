@@ -121,6 +121,21 @@ TEST(Validate, RoutingProxiesInRange) {
   EXPECT_NE(violation(plan).find("routing_proxies 0 is outside"), std::string::npos);
 }
 
+TEST(Validate, RoutingChunksInRange) {
+  Plan plan = base_plan();
+  plan.micro_batches[0].groups[2].routing_chunks = kMaxRoutingChunks + 1;
+  EXPECT_EQ(violation(plan),
+            "micro-batch 0, group 2 (ring): routing_chunks 65 is outside [1, 64] (at least 1; "
+            "beyond 64 chunks the per-chunk latency dominates)");
+  plan.micro_batches[0].groups[2].routing_chunks = kMaxRoutingChunks;
+  expect_valid(plan);
+  plan.micro_batches[0].groups[2].routing_chunks = 0;
+  EXPECT_NE(violation(plan).find("routing_chunks 0 is outside"), std::string::npos);
+  // Checked with routing_proxies, group by group, proxies first.
+  plan.micro_batches[0].groups[2].routing_proxies = 5;
+  EXPECT_NE(violation(plan).find("routing_proxies 5 is outside"), std::string::npos);
+}
+
 TEST(Validate, NonPositiveLength) {
   Plan plan = base_plan();
   plan.sequence_lengths_tokens[6] = 0;

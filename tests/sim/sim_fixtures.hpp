@@ -14,7 +14,8 @@ namespace ballast::testing {
 ///   attention   1 us per causal pair, divided by the head split
 ///   linear      10 us per token (1 ms per 100 tokens)
 ///   overhead    `overhead_forward_s` per rank per micro-batch (0 unless set)
-///   p2p         2 ms (0 for the same rank or no bytes)
+///   p2p         2 ms (0 for the same rank or no bytes); with `p2p_from_links`, the
+///               cluster's alpha-beta time instead (latency + bytes / bandwidth per layer)
 ///   all-to-all  3 ms, all-gather 4 ms (0 for one rank), gradient sync 5 ms
 class FakeCostModel final : public CostModel {
  public:
@@ -38,6 +39,7 @@ class FakeCostModel final : public CostModel {
     return overhead_forward_s * factor(pass);
   }
   Seconds p2p_time_s(Bytes bytes, int src_rank, int dst_rank) const override {
+    if (p2p_from_links) return CostModel::p2p_time_s(bytes, src_rank, dst_rank);
     return src_rank == dst_rank || bytes <= 0 ? 0.0 : 2e-3;
   }
   Seconds all_to_all_time_s(std::span<const int> ranks, std::span<const Bytes>) const override {
@@ -51,6 +53,7 @@ class FakeCostModel final : public CostModel {
 
   Seconds overhead_forward_s = 0;
   Bytes capacity_tokens = 1'000'000'000;
+  bool p2p_from_links = false;  ///< byte-dependent transfers, for routing and pipelining
 
  private:
   static double factor(Pass pass) { return pass == Pass::forward ? 1.0 : 2.0; }

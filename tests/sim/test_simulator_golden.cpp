@@ -265,6 +265,85 @@ TEST_F(SimulatorGolden, TransfersOnSeparateNicsOverlap) {
   expect_rank(report, 0, 1.23, 11.59, 0);
 }
 
+/// [start, end) in ms of `rank`'s trace events named `name` on `lane`, by start.
+std::vector<std::pair<double, double>> intervals_ms(const SimulationReport& report, int rank,
+                                                    const std::string& name,
+                                                    const std::string& lane) {
+  std::vector<std::pair<double, double>> out;
+  for (const TraceEvent& event : report.trace) {
+    if (event.rank == rank && event.name == name && event.lane == lane) {
+      out.emplace_back(event.start_s * 1e3, (event.start_s + event.duration_s) * 1e3);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void expect_intervals(const std::vector<std::pair<double, double>>& actual_ms,
+                      const std::vector<std::pair<double, double>>& expected_ms) {
+  ASSERT_EQ(actual_ms.size(), expected_ms.size());
+  for (std::size_t i = 0; i < expected_ms.size(); ++i) {
+    SCOPED_TRACE("interval " + std::to_string(i));
+    EXPECT_NEAR(actual_ms[i].first, expected_ms[i].first, 1e-9);
+    EXPECT_NEAR(actual_ms[i].second, expected_ms[i].second, 1e-9);
+  }
+}
+
+TEST_F(SimulatorGolden, PipelinedRoutedTransferOverlapsDispatchNicAndCombine) {
+  // 2 nodes x 4 GPUs, one NIC per GPU. Transfers cost latency + bytes / bandwidth (the
+  // fake model has 1 layer): NVLink 0.1 ms + 0.01 ms per byte, NIC 0.2 ms + 0.02 ms per byte.
+  Cluster cluster = fake_cluster(2, 4, 4);
+  cluster.intra_node_latency_s = ms(0.1);
+  cluster.intra_node_p2p_bw_bytes_per_s = 1e5;
+  cluster.inter_node_latency_s = ms(0.2);
+  cluster.nic_bw_bytes_per_s = 5e4;
+  FakeCostModel cost(cluster, fake_model());
+  cost.p2p_from_links = true;
+  Plan plan = testing::empty_plan(cost, {40});
+  AttentionGroup ring = testing::make_group(Scheme::ring, {0, 4}, {{0, {{0, 0, 20}, {4, 20, 40}}}});
+  ring.routing_proxies = 3;
+  ring.routing_chunks = 3;
+  plan.micro_batches.push_back({{ring}, {}, {}});
+  const SimulationReport report = run(plan, cost);
+  // Forward step 0: 0 -> 4 carries rank 0's KV, 20 tokens x 24 bytes = 480 bytes, from
+  // 0.05 (qkv linear of 20 tokens). k = 3 parts of 160 bytes; proxies 1, 2 on node 0 and
+  // 5, 6 on node 1. Part 0 goes 0 -> 4 directly over rank 0's NIC: 0.2 + 3.2 = 3.4.
+  // Parts 1, 2 in 3 pieces of ceil(160 / 3) = 54, 54, 52 bytes: dispatch and combine
+  // 0.64 (54) / 0.62 (52), NIC 1.28 / 1.24.
+  // Dispatches share rank 0's NVLink tx, piece 0 of each part first:
+  //   p1q0 [0.05, 0.69] p2q0 [0.69, 1.33] p1q1 [1.33, 1.97] p2q1 [1.97, 2.61]
+  //   p1q2 [2.61, 3.23] p2q2 [3.23, 3.85]
+  // NIC 1 -> 5: [0.69, 1.97] [1.97, 3.25] then q2 ready 3.23 waits: [3.25, 4.49]
+  // NIC 2 -> 6: [1.33, 2.61] [2.61, 3.89] then q2 ready 3.85 waits: [3.89, 5.13]
+  // Combines share rank 4's NVLink rx, in order of ready time:
+  //   p1q0 [1.97, 2.61] p2q0 [2.61, 3.25] p1q1 [3.25, 3.89] p2q1 [3.89, 4.53]
+  //   p1q2 ready 4.49 waits: [4.53, 5.15]  p2q2 ready 5.13 waits: [5.15, 5.77]
+  // The block has arrived at 5.77 (unpipelined: 8.55; direct: 9.85). The 4 -> 0 transfer
+  // runs the mirror image on disjoint ports.
+  const std::string send = "ring kv fwd g2 step 0";
+  expect_intervals(intervals_ms(report, 0, send + " (nic)", "send"), {{0.05, 3.45}});
+  expect_intervals(
+      intervals_ms(report, 0, send + " (dispatch)", "send"),
+      {{0.05, 0.69}, {0.69, 1.33}, {1.33, 1.97}, {1.97, 2.61}, {2.61, 3.23}, {3.23, 3.85}});
+  expect_intervals(intervals_ms(report, 1, send + " (nic)", "send"),
+                   {{0.69, 1.97}, {1.97, 3.25}, {3.25, 4.49}});
+  expect_intervals(intervals_ms(report, 2, send + " (nic)", "send"),
+                   {{1.33, 2.61}, {2.61, 3.89}, {3.89, 5.13}});
+  expect_intervals(
+      intervals_ms(report, 4, send + " (combine)", "recv"),
+      {{1.97, 2.61}, {2.61, 3.25}, {3.25, 3.89}, {3.89, 4.53}, {4.53, 5.15}, {5.15, 5.77}});
+  // Rank 4's step 0 (210 pairs) ends at 0.26; step 1 waits for the block.
+  EXPECT_NEAR(start_of(report, 4, "attention fwd ring g2 step 1"), ms(5.77), kTolerance_s);
+
+  // The same transfer alone: 5.72 pipelined. Unpipelined (k = 3, c = 1): dispatches of
+  // 160 bytes 1.7 [0, 1.7] [1.7, 3.4]; NICs 3.4 [1.7, 5.1] [3.4, 6.8]; combines 1.7
+  // [5.1, 6.8] [6.8, 8.5]. Direct: 0.2 + 9.6 = 9.8. Inside a node never routed: 0.1 + 4.8.
+  EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 4, 3, 3), ms(5.72), kTolerance_s);
+  EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 4, 3, 1), ms(8.5), kTolerance_s);
+  EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 4, 1, 3), ms(9.8), kTolerance_s);
+  EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 1, 3, 3), ms(4.9), kTolerance_s);
+}
+
 TEST_F(SimulatorGolden, GradientSyncWaitsForTheSlowestRank) {
   FakeCostModel cost(fake_cluster(1, 4, 1), fake_model());
   Plan plan = testing::empty_plan(cost, {10, 30, 20});

@@ -59,7 +59,10 @@ class PlanGenerator {
                          ? Scheme::local
                          : std::array{Scheme::ring, Scheme::ulysses, Scheme::all_gather}[pick(3)];
       for (int r = first; r < first + size; ++r) group.ranks.push_back(r);
-      if (group.scheme == Scheme::ring) group.routing_proxies = 1 + pick(2);
+      if (group.scheme == Scheme::ring) {
+        group.routing_proxies = 1 + pick(2);
+        group.routing_chunks = 1 << pick(3);
+      }
       micro_batch.groups.push_back(group);
       first += size;
     }
