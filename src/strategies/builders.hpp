@@ -27,6 +27,7 @@ std::unique_ptr<Planner> make_batch_adaptive_planner();
 std::unique_ptr<Planner> make_hybrid_dp_planner();
 std::unique_ptr<Planner> make_flexsp_planner();
 std::unique_ptr<Planner> make_flexsp_fast_planner();
+std::unique_ptr<Planner> make_zeppelin_planner();
 
 // ---- small helpers ----
 bool is_power_of_two(std::int64_t value);

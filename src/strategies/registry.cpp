@@ -21,6 +21,7 @@ constexpr PlannerFactory kFactories[] = {
     strategies::make_static_cp_allgather_planner, strategies::make_static_ulysses_planner,
     strategies::make_batch_adaptive_planner,      strategies::make_hybrid_dp_planner,
     strategies::make_flexsp_planner,              strategies::make_flexsp_fast_planner,
+    strategies::make_zeppelin_planner,
 };
 
 /// `text` as an integer in [min_value, max_value]; InputError naming key=text otherwise.

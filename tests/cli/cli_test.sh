@@ -121,6 +121,24 @@ check "simulate json parses" json_ok "$work/sim.json"
 code=$(run "$work/sim.csv" "$work/err" "$ballast" simulate --strategy packed-dp --nodes 1 --tokens-per-step 100000 --max-context 8192 --format csv)
 check "simulate csv has a row per rank" test "$(wc -l < "$work/sim.csv")" = 9
 
+# --- zeppelin: scenarios, the ablation ladder, the ablation flags ---
+code=$(run "$work/scenarios.txt" "$work/err" "$ballast" list scenarios)
+check "list scenarios shows zeppelin scenarios" has "$work/scenarios.txt" "zeppelin-a800-7b-prolong"
+code=$(run "$work/ladder.txt" "$work/err" "$ballast" compare --scenario zeppelin-a800-7b-prolong --nodes 2 --steps 1 --tokens-per-step 131072 --ablation)
+check "compare --ablation exits 0" test "$code" = 0
+for s in "static-cp " "zeppelin:partition=even:routing=off:remap=off" "zeppelin:partition=even:remap=off" \
+         "zeppelin:remap=off" "zeppelin:routing=off"; do
+  check "ablation row $s" has "$work/ladder.txt" "$s"
+done
+code=$(run "$work/norouting.txt" "$work/err" "$ballast" compare --cluster a800-roce --nodes 2 --steps 1 --tokens-per-step 131072 --strategies static-cp,zeppelin --no-routing --no-remap)
+check "compare --no-routing exits 0" test "$code" = 0
+check "--no-routing labels the row" has "$work/norouting.txt" "zeppelin:routing=off:remap=off"
+code=$(run "$work/zeppelin.json" "$work/err" "$ballast" plan --strategy zeppelin --cluster a800-roce --nodes 2 --tokens-per-step 131072)
+check "plan zeppelin exits 0" test "$code" = 0
+check "zeppelin plan has queues" has "$work/zeppelin.json" '"queues"'
+code=$(run "$work/valid-z.txt" "$work/err" "$ballast" validate "$work/zeppelin.json")
+check "zeppelin plan validates" test "$code" = 0
+
 # --- bad input: one-line message naming the input, exit 2, never a crash ---
 expect_error() {  # expect_error NAME TEXT args...
   local name="$1" text="$2"; shift 2
@@ -149,6 +167,9 @@ expect_error "zero nodes" "--nodes" compare --nodes 0
 expect_error "empty strategy list" "--strategies" compare --strategies ,
 expect_error "unknown strategy parameter" "static-ulysses takes degree" compare --strategies static-ulysses:deg=8
 expect_error "bad strategy parameter value" "refine=maybe" compare --strategies flexsp-fast:refine=maybe --steps 1
+expect_error "ablation flag without zeppelin" "--no-routing applies" plan --strategy static-cp --no-routing
+expect_error "zeppelin degree without even split" "partition=even" compare --strategies zeppelin:degree=8 --steps 1
+expect_error "ablation with strategies" "--ablation" compare --ablation --strategies zeppelin
 expect_error "context too short to fill a batch" "--max-context 1" compare --max-context 1 --steps 1
 /usr/bin/python3 - "$source_dir/data/presets/example-cluster.json" "$work/impossible.json" <<'PY'
 import json, sys

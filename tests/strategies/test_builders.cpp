@@ -29,7 +29,7 @@ TEST(Registry, ListsStrategiesInOrder) {
   const std::vector<std::string> expected = {"packed-dp",           "static-cp",
                                              "static-cp-allgather", "static-ulysses",
                                              "batch-adaptive",      "hybrid-dp",
-                                             "flexsp",              "flexsp-fast"};
+                                             "flexsp",              "flexsp-fast", "zeppelin"};
   EXPECT_EQ(planner_names(), expected);
   EXPECT_EQ(find_planner("hybrid-dp").name(), "hybrid-dp");
   for (const auto& planner : planners()) EXPECT_FALSE(planner->description().empty());
@@ -39,7 +39,7 @@ TEST(Registry, UnknownNameListsKnownOnes) {
   EXPECT_THROW(find_planner("zeppelin-x"), InputError);
   EXPECT_EQ(error_of([] { find_planner("x"); }),
             "unknown strategy 'x'; known: packed-dp, static-cp, static-cp-allgather, "
-            "static-ulysses, batch-adaptive, hybrid-dp, flexsp, flexsp-fast");
+            "static-ulysses, batch-adaptive, hybrid-dp, flexsp, flexsp-fast, zeppelin");
 }
 
 TEST(StrategySpec, NameAndParameters) {

@@ -40,6 +40,10 @@ Tokens longest_runnable_tokens(const std::string& strategy, const CostModel& cos
       strategy == "flexsp-fast") {
     return max_sequence_tokens(cost, Scheme::ulysses);
   }
+  // zeppelin: a ring over every GPU of the cluster, the ring budget per rank, no padding.
+  if (strategy == "zeppelin") {
+    return usable_tokens_per_rank(cost, Scheme::ring, 2) * cost.cluster().ranks();
+  }
   // hybrid-dp: rings of any power of two up to the rank count, the ring budget per rank.
   const Tokens per_rank = usable_tokens_per_rank(cost, Scheme::ring, 2);
   Tokens longest = per_rank;

@@ -150,7 +150,8 @@ int run_plan(const PlanArgs& args) {
   if (format == Format::csv) throw InputError("ballast plan writes JSON; use --format json or text");
   const RunSettings settings = settings_from(args.workload, 1);
   const RunInputs inputs = resolve_inputs(settings);
-  const StrategySpec spec = parse_strategy_spec(args.strategy, settings.planner);
+  const StrategySpec spec = parse_strategy_spec(
+      apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner);
   Output output(args.output.output_path);
   // One plan: its canonical text; several: a JSON array of them.
   const bool several = inputs.batches.size() > 1;
@@ -210,7 +211,8 @@ int run_simulate(const SimulateArgs& args) {
     }
     const RunSettings settings = settings_from(args.workload, 1);
     RunInputs inputs = resolve_inputs(settings);
-    const StrategySpec spec = parse_strategy_spec(args.strategy, settings.planner);
+    const StrategySpec spec = parse_strategy_spec(
+        apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner);
     for (const Batch& batch : inputs.batches) {
       plans.push_back(spec.planner->plan(batch, *inputs.cost, spec.options));
     }
@@ -255,17 +257,35 @@ int run_simulate(const SimulateArgs& args) {
   return 0;
 }
 
+std::vector<std::string> ablation_ladder() {
+  return {"static-cp",
+          "zeppelin:partition=even:routing=off:remap=off",
+          "zeppelin:partition=even:remap=off",
+          "zeppelin:remap=off",
+          "zeppelin",
+          "zeppelin:routing=off"};
+}
+
 int run_compare(const CompareArgs& args) {
   const Format format = parse_format(args.output.format);
   RunSettings settings;
   if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
   apply_workload_flags(args.workload, settings);
+  if (args.ablation) {
+    if (!args.strategies.empty()) throw InputError("give either --ablation or --strategies, not both");
+    settings.strategies = ablation_ladder();
+    settings.baseline = "static-cp";
+  }
   if (!args.strategies.empty()) {
     settings.strategies = split_list(args.strategies);
     if (settings.strategies.empty()) {
       throw InputError("--strategies lists no strategy; give names like packed-dp,hybrid-dp "
                        "(see `ballast list strategies`)");
     }
+  }
+  if (args.workload.no_routing || args.workload.no_remap || args.workload.even_split) {
+    settings.strategies = apply_ablation_flags(
+        args.workload, settings.strategies.empty() ? planner_names() : settings.strategies);
   }
   if (!args.baseline.empty()) {
     settings.baseline = args.baseline;

@@ -33,7 +33,13 @@ struct CompareArgs {
   std::string strategies;
   std::string baseline;
   std::string scenario;
+  bool ablation = false;  ///< strategies = ablation_ladder()
 };
+
+/// Zeppelin's ablation ladder, one technique added per row (docs/zeppelin.md): TE CP,
+/// even splitting without padding, + routing, + hierarchical partitioning and the engine,
+/// + remapping; and the full system without routing.
+std::vector<std::string> ablation_ladder();
 struct ValidateArgs {
   std::string plan_path;
   std::string format = "text";

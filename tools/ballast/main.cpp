@@ -66,10 +66,15 @@ int run(int argc, char** argv) {
   compare->add_option("--strategies", compare_args.strategies, "comma-separated strategies, each name[:key=value...], e.g. static-ulysses:degree=32 [default: all]");
   compare->add_option("--baseline", compare_args.baseline,
                       "strategy the speedup is measured against [default: static-cp]");
+  compare->add_flag("--ablation", compare_args.ablation,
+                    "Zeppelin's ablation ladder in one table: static-cp, then zeppelin with even "
+                    "splitting, + routing, + hierarchical partitioning, + remapping, and without "
+                    "routing (docs/zeppelin.md)");
   compare->add_option("--scenario", compare_args.scenario,
                       "a named bundle of settings (see `ballast list scenarios`); flags override it");
   compare->footer("examples:\n  ballast compare\n"
                   "  ballast compare --scenario wikipedia-a100-gpt7b\n"
+                  "  ballast compare --scenario zeppelin-a800-13b-wlbllm --ablation\n"
                   "  ballast compare --dataset prolong --cluster h200 --nodes 2 --model llama3-8b --format json\n"
                   "  ballast compare --strategies packed-dp,hybrid-dp --baseline packed-dp --steps 8 --format csv");
 

@@ -3,7 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ballast/error.hpp"
+#include "ballast/strategy.hpp"
 
 namespace ballast::cli {
 
@@ -34,6 +37,15 @@ void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
                      "random (i.i.d., seeded; default) or sequential (consecutive documents)");
   command.add_option("--degree", flags.degree,
                      "fixed SP/CP degree for static strategies [default: the smallest that fits]");
+  command.add_flag("--no-routing", flags.no_routing,
+                   "zeppelin without its routing layer (routing=off): inter-node ring transfers "
+                   "use the sender's own NIC");
+  command.add_flag("--no-remap", flags.no_remap,
+                   "zeppelin without its remapping layer (remap=off): linear modules keep the "
+                   "attention layout");
+  command.add_flag("--even-split", flags.even_split,
+                   "zeppelin with its partitioning replaced by even splitting (partition=even): "
+                   "every sequence zigzag-split over static rings");
 }
 
 void add_output_flags(CLI::App& command, OutputFlags& flags, bool csv_allowed) {
@@ -95,6 +107,39 @@ std::vector<std::string> split_list(const std::string& text) {
     }
   }
   return items;
+}
+
+std::vector<std::string> apply_ablation_flags(const WorkloadFlags& flags,
+                                              std::vector<std::string> specs) {
+  const struct {
+    bool given;
+    const char* flag;
+    const char* key;
+    const char* value;
+  } switches[] = {{flags.no_routing, "--no-routing", "routing", "off"},
+                  {flags.no_remap, "--no-remap", "remap", "off"},
+                  {flags.even_split, "--even-split", "partition", "even"}};
+  for (const auto& ablation : switches) {
+    if (!ablation.given) continue;
+    bool taken = false;
+    for (std::string& spec : specs) {
+      const Planner& planner = find_planner(spec.substr(0, spec.find(':')));
+      const auto parameters = planner.parameters();
+      const bool takes = std::any_of(parameters.begin(), parameters.end(),
+                                     [&](const PlannerParameter& p) { return p.key == ablation.key; });
+      if (!takes) continue;
+      taken = true;
+      if (spec.find(fmt::format(":{}=", ablation.key)) == std::string::npos) {
+        spec += fmt::format(":{}={}", ablation.key, ablation.value);
+      }
+    }
+    if (!taken) {
+      throw InputError(fmt::format("{} applies to strategies with a '{}' parameter (zeppelin); "
+                                   "none of the given strategies has one",
+                                   ablation.flag, ablation.key));
+    }
+  }
+  return specs;
 }
 
 }  // namespace ballast::cli

@@ -21,6 +21,7 @@ struct WorkloadFlags {
   std::optional<Tokens> tokens_per_step, max_context;
   std::optional<std::int64_t> batch_size;
   std::optional<std::string> over_context, sampling;
+  bool no_routing = false, no_remap = false, even_split = false;  ///< Zeppelin's ablation
 };
 
 struct OutputFlags {
@@ -35,5 +36,12 @@ void add_output_flags(CLI::App& command, OutputFlags& flags, bool csv_allowed = 
 void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings);
 Format parse_format(const std::string& text);
 std::vector<std::string> split_list(const std::string& text);
+
+/// The ablation flags (--no-routing, --no-remap, --even-split) applied to strategy specs:
+/// each spec whose strategy takes the switch's key and does not set it gets
+/// ":routing=off" / ":remap=off" / ":partition=even" appended, so report labels say what
+/// ran. Throws InputError when a flag was given but no spec takes it.
+std::vector<std::string> apply_ablation_flags(const WorkloadFlags& flags,
+                                              std::vector<std::string> specs);
 
 }  // namespace ballast::cli

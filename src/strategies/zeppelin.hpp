@@ -1,0 +1,100 @@
+// Zeppelin (EuroSys'26): hierarchical sequence partitioning (local / intra-node ring /
+// inter-node ring) with the attention engine's queue order, the routing layer (inter-node
+// ring transfers split over proxy GPUs and their NICs) and the remapping layer (a
+// token-balanced layout for the linear modules). Internal to src/strategies and its
+// tests; docs/zeppelin.md explains the choices.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ballast/cost_model.hpp"
+#include "ballast/plan.hpp"
+#include "ballast/workload.hpp"
+
+namespace ballast::strategies::zeppelin {
+
+/// The communication tier a sequence runs in.
+enum class Tier : std::uint8_t { local, intra_node, inter_node };
+const char* to_string(Tier tier);
+
+/// The switches of the ablation: each technique can be turned off on its own.
+struct Switches {
+  bool hierarchical = true;  ///< false: every sequence split evenly over static rings (TE CP)
+  enum class Mode : std::uint8_t { off, auto_, on };
+  Mode routing = Mode::auto_;  ///< auto: route an inter-node ring where it pays
+  Mode remap = Mode::auto_;    ///< auto: remap a micro-batch where it pays
+};
+
+/// Routing of one inter-node transfer: proxies (1 = the sender's own NIC) and pipeline chunks.
+struct Routing {
+  int proxies = 1;
+  int chunks = 1;
+};
+
+/// The (proxies, chunks) that minimise the simulator's isolated time of the forward
+/// transfer of `bytes_per_layer` plus the backward one (twice the bytes) from src to dst:
+/// proxies in {1, 2, 4, ...} up to nics_per_node, chunks in {1, 2, 4, 8, 16}; ties go to
+/// fewer proxies, then fewer chunks, so routing is chosen only where it pays.
+Routing choose_routing(const CostModel& cost, Bytes bytes_per_layer, int src_rank, int dst_rank);
+
+/// The cost model's crossover points for this cluster and model. A ring step of a member
+/// holding c tokens (two zigzag chunks of c/2) computes c^2/2 causal pairs against one
+/// block and sends one KV block of c tokens; the step hides its transfer when the
+/// attention takes at least as long as the transfer (forward pass).
+struct Crossovers {
+  Tokens intra_node_tokens_per_rank = 0;  ///< smallest c hiding an NVLink hop
+  Tokens inter_node_tokens_per_rank = 0;  ///< smallest c hiding a NIC hop (one NIC)
+  Tokens inter_node_routed_tokens_per_rank = 0;  ///< same with the best routing
+  /// Shortest document whose attention (fwd) takes at least its linear modules' time.
+  Tokens attention_over_linear_tokens = 0;
+};
+Crossovers find_crossovers(const CostModel& cost);
+
+/// Where a sequence runs: its tier and the ranks of its ring (1 for local; g GPUs of a
+/// node for intra-node; all GPUs of `degree / gpus_per_node` nodes for inter-node).
+struct TierChoice {
+  Tier tier = Tier::local;
+  int degree = 1;
+};
+
+/// What tier selection needs about the cluster and cost model, computed once per plan.
+struct TierContext {
+  const CostModel* cost = nullptr;
+  Crossovers crossovers;
+  Tokens capacity_tokens_per_rank = 0;  ///< ring members' usable tokens (the tighter cap)
+  int gpus_per_node = 1;
+  int nodes = 1;
+  bool routing = true;
+  /// Spread stragglers over rings that cannot hide their traffic (rule 2 below); the
+  /// planner simulates plans with and without it and keeps the faster.
+  bool spread_stragglers = false;
+};
+/// Keeps a pointer to `cost`, which must outlive the context.
+TierContext make_tier_context(const CostModel& cost, const Switches& switches);
+
+/// Tier selection (docs/zeppelin.md, "Tiers"). Candidates in order: local; an intra-node
+/// ring of g = 2, 4, ... GPUs (g divides gpus_per_node), which hides its traffic when each
+/// member's floor(s/g) tokens reach the intra-node crossover; an inter-node ring over
+/// k = 2, 3, ... whole nodes, hiding when floor(s/(k G)) reaches the inter-node crossover
+/// (routed when routing is on). Each must fit memory (ceil(s/degree) <= capacity).
+/// 1. The first candidate that hides its traffic and whose share of the sequence's work
+///    (attention + linear on one GPU) / degree is at most `target_load_s` (the mean
+///    per-GPU work of the micro-batch) wins.
+/// 2. With spread_stragglers, a straggler (no candidate of rule 1) goes to the smallest
+///    fitting candidate whose member finishes within the target by the cost model,
+///    exposed communication included, else to the one whose member finishes first.
+/// 3. Otherwise the widest candidate that hides its traffic; when memory allows none that
+///    hides, the smallest ring that fits. Without spread_stragglers a sequence is never
+///    split over a ring that cannot hide its traffic unless memory forces it.
+/// Throws PlanningError naming the sequence when no ring of the cluster holds it.
+TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds target_load_s,
+                       const TierContext& context);
+
+/// The zeppelin planner's plan (strategy label `label`).
+Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const Switches& switches,
+                   std::optional<int> even_degree, const std::string& label);
+
+}  // namespace ballast::strategies::zeppelin

@@ -1,0 +1,304 @@
+// Zeppelin: tier selection follows the cost model's crossovers, routing never slows a
+// transfer, remapping balances tokens and is skipped when it does not pay, the engine's
+// queue order, no padding, the ablation switches, and valid plans on random and extreme
+// batches (the shared property test covers the rest).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
+#include "ballast/strategy.hpp"
+#include "builders.hpp"
+#include "zeppelin.hpp"
+
+namespace ballast::strategies::zeppelin {
+namespace {
+
+std::unique_ptr<CostModel> make_cost(const std::string& cluster_name, int nodes,
+                                     const std::string& model_name) {
+  return make_cost_model(load_cost_model_spec("analytical"), load_cluster(cluster_name, nodes),
+                         load_model(model_name));
+}
+
+Plan plan_with(const Batch& batch, const CostModel& cost, const std::string& spec_text) {
+  const StrategySpec spec = parse_strategy_spec(spec_text);
+  return spec.planner->plan(batch, cost, spec.options);
+}
+
+Tier tier_of(const AttentionGroup& group, const Cluster& cluster) {
+  if (group.ranks.size() == 1) return Tier::local;
+  return cluster.same_node(group.ranks.front(), group.ranks.back()) ? Tier::intra_node
+                                                                    : Tier::inter_node;
+}
+
+TEST(ZeppelinCrossovers, OrderedAndDerivedFromTheCostModel) {
+  // a800-roce: NVLink ~ 5x faster than one NIC, 4 NICs per node: routing lowers the
+  // inter-node crossover. h200 computes ~3x faster than the a800 (989 vs 312 TFLOP/s) with
+  // only ~2x faster NICs: its chunks must be longer to hide a NIC hop.
+  const auto a800 = make_cost("a800-roce", 2, "llama-7b");
+  const auto h200 = make_cost("h200", 2, "llama-7b");
+  const Crossovers a = find_crossovers(*a800);
+  const Crossovers h = find_crossovers(*h200);
+  for (const Crossovers& c : {a, h}) {
+    EXPECT_GT(c.intra_node_tokens_per_rank, 1);
+    EXPECT_LT(c.intra_node_tokens_per_rank, c.inter_node_tokens_per_rank);
+    EXPECT_LE(c.inter_node_routed_tokens_per_rank, c.inter_node_tokens_per_rank);
+    EXPECT_GT(c.attention_over_linear_tokens, 1);
+  }
+  EXPECT_LT(a.inter_node_routed_tokens_per_rank, a.inter_node_tokens_per_rank);
+  EXPECT_GT(h.inter_node_tokens_per_rank, a.inter_node_tokens_per_rank);
+  // The crossover is where a ring step's attention first hides the hop: just below it does not.
+  const Bytes kv = a800->model().kv_bytes_per_token();
+  const Tokens c = a.intra_node_tokens_per_rank;
+  EXPECT_GT(a800->p2p_time_s(kv * (c - 1), 0, 1), 0.0);
+}
+
+Seconds local_work_s(const CostModel& cost, Tokens length) {
+  const AttentionBlock whole = whole_document(length);
+  Seconds work = 0;
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    work += cost.attention_time_s({&whole, 1}, 1, pass) + cost.linear_time_s(length, pass);
+  }
+  return work;
+}
+
+TEST(ZeppelinTiers, ShortSequencesStayLocalLongOnesSpanNodes) {
+  for (const std::string cluster : {"a800-roce", "h200"}) {
+    SCOPED_TRACE(cluster);
+    const auto cost = make_cost(cluster, 4, "llama-7b");
+    const TierContext context = make_tier_context(*cost, {});
+    const Tokens intra = context.crossovers.intra_node_tokens_per_rank;
+    // Below twice the intra-node crossover no ring hides its traffic: local, however heavy
+    // the load.
+    for (Tokens length : {Tokens{1}, Tokens{100}, Tokens{1000}, intra, 2 * intra - 1}) {
+      EXPECT_EQ(choose_tier(0, length, 1e-9, context).tier, Tier::local) << length;
+    }
+    // Light sequences stay local whatever their length (up to memory).
+    const Tokens fitting = std::min(4 * intra, context.capacity_tokens_per_rank);
+    EXPECT_EQ(choose_tier(0, fitting, 1e9, context).tier, Tier::local);
+    // A heavy one that hides its traffic is split over the smallest ring bringing it under
+    // the target load.
+    const Tokens length = 4 * intra;  // halves and quarters hide and fit memory
+    const Seconds work = local_work_s(*cost, length);
+    const TierChoice two = choose_tier(0, length, 0.6 * work, context);
+    EXPECT_EQ(two.tier, Tier::intra_node);
+    EXPECT_EQ(two.degree, 2);
+    EXPECT_EQ(choose_tier(0, length, 0.3 * work, context).degree, 4);
+    // Too long for one node's memory: it spans nodes.
+    const Tokens node_tokens = context.capacity_tokens_per_rank * context.gpus_per_node;
+    const TierChoice spanning = choose_tier(0, node_tokens + 1, 1e9, context);
+    EXPECT_EQ(spanning.tier, Tier::inter_node);
+    EXPECT_EQ(spanning.degree, 2 * context.gpus_per_node);
+    // Too long for the cluster: a clear error.
+    EXPECT_THROW(choose_tier(7, 4 * node_tokens + 1, 1.0, context), PlanningError);
+  }
+}
+
+TEST(ZeppelinTiers, PlansFollowTheTierChoice) {
+  const auto cost = make_cost("a800-roce", 4, "llama-7b");
+  const TierContext context = make_tier_context(*cost, {});
+  const Tokens intra = context.crossovers.intra_node_tokens_per_rank;
+  const Tokens node_tokens = context.capacity_tokens_per_rank * context.gpus_per_node;
+  // One sequence longer than a node, a few mid-size ones, many short ones.
+  std::vector<Tokens> lengths = {node_tokens + 1000, 60'000, 50'000};
+  for (int i = 0; i < 300; ++i) lengths.push_back(200 + (i * 37) % (2 * intra - 200));
+  const Batch batch = make_batch(lengths, 0);
+  const Plan plan = plan_with(batch, *cost, "zeppelin");
+  ASSERT_TRUE(validate(plan, *cost).ok) << validate(plan, *cost).message;
+  std::map<std::int64_t, Tier> tier_of_sequence;
+  for (const MicroBatch& micro_batch : plan.micro_batches) {
+    for (const AttentionGroup& group : micro_batch.groups) {
+      for (const SequenceChunks& sequence : group.sequences) {
+        tier_of_sequence[sequence.sequence_id] = tier_of(group, cost->cluster());
+        EXPECT_EQ(sequence.padded_length_tokens,
+                  lengths[static_cast<std::size_t>(sequence.sequence_id)]);  // no padding
+      }
+    }
+  }
+  EXPECT_EQ(tier_of_sequence[0], Tier::inter_node);
+  for (std::int64_t id = 3; id < static_cast<std::int64_t>(lengths.size()); ++id) {
+    EXPECT_EQ(tier_of_sequence[id], Tier::local) << "sequence " << id;
+  }
+}
+
+TEST(ZeppelinEngine, QueuesRunInterThenIntraThenLocal) {
+  const auto cost = make_cost("h200", 4, "llama-7b");
+  std::vector<Tokens> lengths = {131'072, 131'072, 90'000, 40'000, 30'000};
+  for (int i = 0; i < 400; ++i) lengths.push_back(100 + (i * 7919) % 6000);
+  const Plan plan = plan_with(make_batch(lengths, 0), *cost, "zeppelin");
+  ASSERT_TRUE(validate(plan, *cost).ok);
+  int rings = 0;
+  for (const MicroBatch& micro_batch : plan.micro_batches) {
+    ASSERT_EQ(micro_batch.queues.size(), static_cast<std::size_t>(cost->cluster().ranks()));
+    for (const std::vector<int>& queue : micro_batch.queues) {
+      for (std::size_t i = 1; i < queue.size(); ++i) {
+        const auto before = tier_of(micro_batch.groups[static_cast<std::size_t>(queue[i - 1])],
+                                    cost->cluster());
+        const auto after =
+            tier_of(micro_batch.groups[static_cast<std::size_t>(queue[i])], cost->cluster());
+        // inter-node before intra-node before local.
+        const auto rank_of = [](Tier t) {
+          return t == Tier::inter_node ? 0 : t == Tier::intra_node ? 1 : 2;
+        };
+        EXPECT_LE(rank_of(before), rank_of(after));
+      }
+    }
+    for (const AttentionGroup& group : micro_batch.groups) rings += group.ranks.size() > 1;
+  }
+  EXPECT_GT(rings, 0);
+}
+
+TEST(ZeppelinRouting, NeverSlowsATransferAndPaysForLargeOnes) {
+  for (const std::string cluster : {"a800-roce", "h200", "a100-ib400"}) {
+    const auto cost = make_cost(cluster, 2, "llama-7b");
+    const int gpus = cost->cluster().gpus_per_node;
+    for (Bytes bytes = 1; bytes <= (Bytes{1} << 34); bytes *= 4) {
+      for (const auto& [src, dst] : {std::pair{gpus - 1, gpus}, std::pair{0, gpus + 3}}) {
+        const Routing routing = choose_routing(*cost, bytes, src, dst);
+        // Forward (KV) plus backward (KV and dKV: twice the bytes), what the choice minimises.
+        const auto both_passes = [&](int proxies, int chunks) {
+          return isolated_transfer_time_s(*cost, bytes, src, dst, proxies, chunks) +
+                 isolated_transfer_time_s(*cost, 2 * bytes, src, dst, proxies, chunks);
+        };
+        const Seconds direct = both_passes(1, 1);
+        const Seconds routed = both_passes(routing.proxies, routing.chunks);
+        EXPECT_LE(routed, direct) << cluster << " " << bytes << " bytes";
+        if (bytes <= 1024) {
+          EXPECT_EQ(routing.proxies, 1) << cluster << ": latency-bound";
+        }
+        if (bytes >= (Bytes{1} << 30) && cost->cluster().nics_per_node > 1) {
+          EXPECT_GT(routing.proxies, 1) << cluster << ": a 1 GiB transfer gains from more NICs";
+        }
+      }
+    }
+    // Intra-node transfers are never routed.
+    EXPECT_EQ(choose_routing(*cost, Bytes{1} << 30, 0, 1).proxies, 1);
+  }
+}
+
+TEST(ZeppelinRouting, ASimulatedInterNodeRingIsNoSlowerRouted) {
+  // One sequence on a ring over two a800 nodes: the planner's routing against none.
+  const auto cost = make_cost("a800-roce", 2, "llama-7b");
+  const Tokens length = 16 * 12'000;
+  const Batch batch = make_batch({length}, 0);
+  const Plan routed = plan_with(batch, *cost, "zeppelin:remap=off");
+  const Plan direct = plan_with(batch, *cost, "zeppelin:remap=off:routing=off");
+  ASSERT_EQ(routed.micro_batches.size(), 1u);
+  const AttentionGroup& ring = routed.micro_batches[0].groups[0];
+  ASSERT_EQ(ring.ranks.size(), 16u);
+  EXPECT_GT(ring.routing_proxies, 1);
+  EXPECT_EQ(direct.micro_batches[0].groups[0].routing_proxies, 1);
+  EXPECT_LE(simulate(routed, *cost).step_time_s, simulate(direct, *cost).step_time_s);
+}
+
+TEST(ZeppelinRemap, BalancesTokensWhenItPays) {
+  const auto cost = make_cost("h200", 2, "llama-7b");
+  // A long-tailed batch: attention balancing leaves tokens unequal.
+  std::vector<Tokens> lengths = {120'000, 100'000, 64'000};
+  for (int i = 0; i < 200; ++i) lengths.push_back(500 + (i * 7919) % 3000);
+  const Batch batch = make_batch(lengths, 0);
+  const Plan plan = plan_with(batch, *cost, "zeppelin:remap=on");
+  ASSERT_TRUE(validate(plan, *cost).ok) << validate(plan, *cost).message;
+  for (const MicroBatch& micro_batch : plan.micro_batches) {
+    ASSERT_FALSE(micro_batch.linear_layout.empty());
+    std::vector<Tokens> tokens(static_cast<std::size_t>(cost->cluster().ranks()), 0);
+    for (const LinearSlice& slice : micro_batch.linear_layout)
+      tokens[static_cast<std::size_t>(slice.rank)] += slice.end_tokens - slice.begin_tokens;
+    const auto [low, high] = std::minmax_element(tokens.begin(), tokens.end());
+    EXPECT_LE(*high - *low, 1);
+  }
+  // auto keeps a remap only when the simulated step is faster with it.
+  const Plan chosen = plan_with(batch, *cost, "zeppelin");
+  const Plan off = plan_with(batch, *cost, "zeppelin:remap=off");
+  EXPECT_LE(simulate(chosen, *cost).step_time_s, simulate(off, *cost).step_time_s);
+}
+
+TEST(ZeppelinRemap, SkippedWhenItDoesNotPay) {
+  // Equal sequences, as many as ranks: already token-balanced, nothing to move.
+  const auto cost = make_cost("h200", 2, "llama-7b");
+  const Plan equal = plan_with(make_batch(std::vector<Tokens>(16, 4096), 0), *cost, "zeppelin");
+  for (const MicroBatch& micro_batch : equal.micro_batches) EXPECT_TRUE(micro_batch.linear_layout.empty());
+  // Unequal tokens but NVLink and NICs so slow that moving tokens costs more than the
+  // linear time it saves: auto skips the remap that `on` would apply.
+  Cluster slow = load_cluster("h200", 2);
+  slow.name = "slow-links";
+  slow.intra_node_p2p_bw_bytes_per_s = 1e6;
+  slow.intra_node_bus_bw_bytes_per_s = 1e6;
+  slow.nic_bw_bytes_per_s = 1e6;
+  const auto slow_cost = make_cost_model(load_cost_model_spec("analytical"), slow, load_model("llama-7b"));
+  std::vector<Tokens> lengths = {30'000};
+  for (int i = 0; i < 40; ++i) lengths.push_back(300 + 17 * i);
+  const Batch batch = make_batch(lengths, 0);
+  const Plan forced = plan_with(batch, *slow_cost, "zeppelin:remap=on");
+  const Plan chosen = plan_with(batch, *slow_cost, "zeppelin");
+  bool forced_moves = false;
+  for (const MicroBatch& m : forced.micro_batches) forced_moves = forced_moves || !m.linear_layout.empty();
+  EXPECT_TRUE(forced_moves);
+  for (const MicroBatch& m : chosen.micro_batches) EXPECT_TRUE(m.linear_layout.empty());
+}
+
+TEST(ZeppelinAblation, SwitchesTurnEachTechniqueOff) {
+  const auto cost = make_cost("a800-roce", 4, "llama-7b");
+  std::vector<Tokens> lengths = {131'072, 100'000, 70'000};
+  for (int i = 0; i < 300; ++i) lengths.push_back(100 + (i * 7919) % 8000);
+  const Batch batch = make_batch(lengths, 0);
+  const Plan no_routing = plan_with(batch, *cost, "zeppelin:routing=off");
+  const Plan no_remap = plan_with(batch, *cost, "zeppelin:remap=off");
+  const Plan even = plan_with(batch, *cost, "zeppelin:partition=even:remap=off");
+  for (const Plan* plan : {&no_routing, &no_remap, &even}) ASSERT_TRUE(validate(*plan, *cost).ok);
+  for (const MicroBatch& m : no_routing.micro_batches) {
+    for (const AttentionGroup& g : m.groups) EXPECT_EQ(g.routing_proxies, 1);
+  }
+  for (const MicroBatch& m : no_remap.micro_batches) EXPECT_TRUE(m.linear_layout.empty());
+  // Even splitting: every group is a ring of the same degree over consecutive ranks, no padding.
+  std::size_t degree = 0;
+  for (const MicroBatch& m : even.micro_batches) {
+    for (const AttentionGroup& g : m.groups) {
+      if (degree == 0) degree = g.ranks.size();
+      EXPECT_EQ(g.ranks.size(), degree);
+      EXPECT_EQ(g.ranks.front() % static_cast<int>(degree), 0);
+      for (const SequenceChunks& s : g.sequences) {
+        EXPECT_EQ(s.padded_length_tokens, lengths[static_cast<std::size_t>(s.sequence_id)]);
+      }
+    }
+  }
+  EXPECT_GT(degree, 1u);
+  // Parameters are checked when the spec is parsed.
+  EXPECT_THROW(parse_strategy_spec("zeppelin:routing=maybe"), InputError);
+  EXPECT_THROW(parse_strategy_spec("zeppelin:partition=random"), InputError);
+  EXPECT_THROW(parse_strategy_spec("zeppelin:degree=8"), InputError);
+  EXPECT_NO_THROW(parse_strategy_spec("zeppelin:partition=even:degree=8"));
+}
+
+TEST(ZeppelinPlans, ExtremeBatchesValidate) {
+  const auto cost = make_cost("a800-roce", 2, "llama-7b");
+  const Tokens cluster_tokens = usable_tokens_per_rank(*cost, Scheme::ring, 2) * cost->cluster().ranks();
+  const std::vector<std::vector<Tokens>> batches = {
+      {1},
+      std::vector<Tokens>(5000, 1),
+      std::vector<Tokens>(64, 33),
+      {cluster_tokens},
+      {cluster_tokens, 1, 2, 3},
+      {3, 5, 9, 17, 33, 65, 129, 257, 513, 1025, 2049, 4097, 8193, 16385, 32769, 65537, 131073},
+  };
+  for (const auto& lengths : batches) {
+    for (const char* spec : {"zeppelin", "zeppelin:partition=even", "zeppelin:routing=off:remap=on"}) {
+      SCOPED_TRACE(::testing::Message() << spec << ", " << lengths.size() << " sequences, first "
+                                        << lengths.front());
+      const Batch batch = make_batch(lengths, 0);
+      const Plan plan = plan_with(batch, *cost, spec);
+      const ValidationResult validation = validate(plan, *cost);
+      ASSERT_TRUE(validation.ok) << validation.message;
+      const SimulationReport report = simulate(plan, *cost);
+      EXPECT_GE(report.step_time_s, report.lower_bound.time_s * (1 - 1e-9));
+      EXPECT_EQ(plan_to_string(plan), plan_to_string(plan_with(batch, *cost, spec)));
+    }
+  }
+  EXPECT_THROW(plan_with(make_batch({cluster_tokens + 1}, 0), *cost, "zeppelin"), PlanningError);
+}
+
+}  // namespace
+}  // namespace ballast::strategies::zeppelin

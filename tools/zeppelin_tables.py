@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""Reruns the zeppelin-* scenarios and prints the Markdown tables of docs/zeppelin.md.
+
+Usage: /usr/bin/python3 tools/zeppelin_tables.py [PATH/TO/ballast] [--jobs N]
+(default binary: build/tools/ballast). Every figure comes from `ballast compare
+--scenario NAME --format json`; the ablation ladder adds `--ablation`.
+"""
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ballast = next((a for a in sys.argv[1:] if not a.startswith("--")), "build/tools/ballast")
+jobs = int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else 2
+
+
+def compare(*args):
+    start = time.monotonic()
+    out = subprocess.run([ballast, "compare", "--format", "json", *args], check=True,
+                         capture_output=True, text=True).stdout
+    result = json.loads(out)
+    result["wall_s"] = time.monotonic() - start
+    return result
+
+
+def rows_by_strategy(result):
+    return {row["strategy"]: row for row in result["results"]}
+
+
+def fmt_time(row):
+    return "n/a" if row["error"] else f"{row['step_time_s']:.3f}"
+
+
+def fmt_speedup(row):
+    return "n/a" if row["error"] else f"{row['speedup']:.2f}x"
+
+
+listing = subprocess.run([ballast, "list", "scenarios"], check=True, capture_output=True,
+                         text=True).stdout
+names = [line.split()[0] for line in listing.splitlines()
+         if line.strip().startswith("zeppelin-")]
+main = [n for n in names if not n.startswith("zeppelin-scale-")]
+scale = [n for n in names if n.startswith("zeppelin-scale-")]
+
+with ThreadPoolExecutor(max_workers=jobs) as pool:
+    results = dict(zip(names, pool.map(lambda n: compare("--scenario", n), names)))
+    ladder = pool.submit(compare, "--scenario", "zeppelin-a800-13b-wlbllm", "--ablation").result()
+
+strategies = ["static-cp", "static-cp-allgather", "hybrid-dp", "zeppelin"]
+print("### Scenarios (64 GPUs, 512 Ki tokens per step, 128K context, mean of 4 steps)\n")
+print("| scenario | TE CP (s) | LLaMA CP | Hybrid DP | Zeppelin (s) | Zeppelin speedup | bound (s) | imbalance TE CP -> Zeppelin | plan (ms) |")
+print("|---|---|---|---|---|---|---|---|---|")
+speedups = []
+for name in main:
+    rows = rows_by_strategy(results[name])
+    z, te = rows["zeppelin"], rows["static-cp"]
+    if not z["error"]:
+        speedups.append(z["speedup"])
+    print(f"| {name} | {fmt_time(te)} | {fmt_speedup(rows['static-cp-allgather'])} | "
+          f"{fmt_speedup(rows['hybrid-dp'])} | {fmt_time(z)} | {fmt_speedup(z)} | "
+          f"{z['lower_bound_s']:.3f} | {te['imbalance']:.2f} -> {z['imbalance']:.2f} | "
+          f"{z['plan_time_ms']:.1f} |")
+if speedups:
+    mean = sum(speedups) / len(speedups)
+    print(f"\nZeppelin over TE CP: mean {mean:.2f}x, min {min(speedups):.2f}x, "
+          f"max {max(speedups):.2f}x over {len(speedups)} scenarios.\n")
+
+print("### Ablation ladder (zeppelin-a800-13b-wlbllm)\n")
+print("| strategy | step (s) | speedup over TE CP | imbalance | exposed comm |")
+print("|---|---|---|---|---|")
+for row in ladder["results"]:
+    print(f"| `{row['strategy']}` | {fmt_time(row)} | {fmt_speedup(row)} | "
+          f"{row['imbalance']:.2f} | {100 * row['exposed_comm_fraction']:.1f}% |")
+
+print("\n### Scaling on cluster A (LLaMA-7B, ProLong, 8 Ki tokens per GPU)\n")
+print("| GPUs | TE CP (s) | Hybrid DP (s) | Zeppelin (s) | speedup | plan (ms) |")
+print("|---|---|---|---|---|---|")
+for name in scale:
+    rows = rows_by_strategy(results[name])
+    gpus = name.split("-")[-1].removesuffix("gpu")
+    print(f"| {gpus} | {fmt_time(rows['static-cp'])} | {fmt_time(rows['hybrid-dp'])} | "
+          f"{fmt_time(rows['zeppelin'])} | {fmt_speedup(rows['zeppelin'])} | "
+          f"{rows['zeppelin']['plan_time_ms']:.1f} |")
+total = sum(r["wall_s"] for r in results.values()) + ladder["wall_s"]
+print(f"\n({len(names) + 1} compares, {total:.0f} s of compare wall time.)")
