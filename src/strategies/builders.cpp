@@ -1,5 +1,5 @@
-// Shared strategy building blocks: plan skeletons, best-fit-decreasing packing, dealing
-// packs to groups, and zigzag / contiguous chunking.
+// Shared strategy building blocks: plan skeletons, best-fit-decreasing and token-balanced
+// packing, dealing packs to groups, and zigzag / contiguous chunking.
 #include "builders.hpp"
 
 #include <fmt/format.h>
@@ -76,6 +76,54 @@ std::vector<Pack> best_fit_decreasing(std::span<const PackItem> items, Tokens ca
     if (remaining - item.size_tokens > 0) open_packs.insert({remaining - item.size_tokens, index});
   }
   return packs;
+}
+
+std::vector<Pack> balanced_packs(std::span<const PackItem> items, Tokens capacity_tokens,
+                                 int groups) {
+  BALLAST_CHECK(groups >= 1, "balanced packing needs at least one group");
+  std::vector<PackItem> sorted(items.begin(), items.end());
+  std::sort(sorted.begin(), sorted.end(), [](const PackItem& a, const PackItem& b) {
+    if (a.size_tokens != b.size_tokens) return a.size_tokens > b.size_tokens;
+    return a.sequence_id < b.sequence_id;
+  });
+  for (const PackItem& item : sorted) {
+    BALLAST_CHECK(item.size_tokens > 0 && item.size_tokens <= capacity_tokens,
+                  fmt::format("sequence {} ({} tokens) must fit a pack of {} tokens",
+                              item.sequence_id, item.size_tokens, capacity_tokens));
+  }
+  if (sorted.empty()) return {};
+  const auto group_count = static_cast<std::size_t>(groups);
+  const std::size_t bfd_count = best_fit_decreasing(sorted, capacity_tokens).size();
+  for (std::size_t rounds = (bfd_count + group_count - 1) / group_count;; ++rounds) {
+    const std::size_t pack_count = rounds * group_count;
+    std::vector<Pack> packs(pack_count);
+    std::vector<Tokens> totals(pack_count, 0);
+    // (tokens, pack index): begin() is the least-loaded pack, lowest index on ties.
+    std::set<std::pair<Tokens, std::size_t>> by_load;
+    for (std::size_t p = 0; p < pack_count; ++p) by_load.insert({0, p});
+    bool fits = true;
+    for (const PackItem& item : sorted) {
+      const auto [tokens, index] = *by_load.begin();
+      if (tokens + item.size_tokens > capacity_tokens) {
+        fits = false;  // the roomiest pack is too full: no pack has room
+        break;
+      }
+      by_load.erase(by_load.begin());
+      packs[index].push_back(item.sequence_id);
+      totals[index] = tokens + item.size_tokens;
+      by_load.insert({totals[index], index});
+    }
+    if (!fits) continue;
+    std::vector<std::size_t> order(pack_count);
+    for (std::size_t p = 0; p < pack_count; ++p) order[p] = p;
+    std::stable_sort(order.begin(), order.end(),
+                     [&totals](std::size_t a, std::size_t b) { return totals[a] > totals[b]; });
+    std::vector<Pack> result;
+    for (std::size_t p : order) {
+      if (!packs[p].empty()) result.push_back(std::move(packs[p]));
+    }
+    return result;
+  }
 }
 
 Tokens pack_tokens(const Pack& pack, std::span<const Tokens> size_by_sequence_tokens) {

@@ -1,6 +1,7 @@
-// Shared building blocks of the strategies: plan skeletons, best-fit-decreasing packing,
-// zigzag / contiguous chunking, per-scheme token capacities, degree selection and a
-// cost-only time estimate. Internal to src/strategies (and its tests).
+// Shared building blocks of the strategies: plan skeletons, best-fit-decreasing and
+// token-balanced packing, zigzag / contiguous chunking, per-scheme token capacities,
+// degree selection and a cost-only time estimate. Internal to src/strategies (and its
+// tests).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,26 @@ using Pack = std::vector<std::int64_t>;
 /// to the open pack with the least remaining room that still fits (ties: lowest pack
 /// index), or opens a new pack. Every item must fit an empty pack (checked).
 std::vector<Pack> best_fit_decreasing(std::span<const PackItem> items, Tokens capacity_tokens);
+
+/// Token-balanced packing for `groups` data-parallel groups (what the static strategies
+/// use): every group gets an equal share of the batch's tokens, as real data loaders give
+/// every data-parallel replica, instead of BFD's full packs that leave groups idle when a
+/// batch needs fewer packs than groups.
+///
+/// Rounds R start at ceil(best_fit_decreasing pack count / groups). Items sorted by size
+/// descending (ties: id ascending) each go to the pack (of R * groups, initially empty) with
+/// the fewest tokens (ties: lowest pack index); since every pack has the same capacity that
+/// is the pack with the most room, so if the item does not fit there it fits none: R += 1
+/// and the packing restarts. This terminates: once R * groups >= items, every item gets an
+/// empty pack of its own. Every item must fit an empty pack (checked). With one round, the
+/// greedy (LPT on tokens) keeps max - min pack tokens <= the largest item.
+///
+/// Returns the non-empty packs (fewer items than packs leaves some empty: they are
+/// dropped, so dealing them gives no group an empty pack), stably sorted by total size
+/// descending, each pack's ids in insertion order (largest first); ready for
+/// deal_packs_round_robin with G = groups (pack p -> micro-batch p / G, group p % G).
+std::vector<Pack> balanced_packs(std::span<const PackItem> items, Tokens capacity_tokens,
+                                 int groups);
 
 /// Sum of size_tokens over a pack, sizes indexed by sequence id.
 Tokens pack_tokens(const Pack& pack, std::span<const Tokens> size_by_sequence_tokens);

@@ -1,5 +1,6 @@
-// packed-dp: Megatron-style packing + data parallelism. Best-fit-decreasing packs of one
-// rank's token budget, dealt round-robin; every rank runs its pack locally.
+// packed-dp: Megatron-style packing + data parallelism. Token-balanced packs of one rank's
+// token budget (every rank an equal share of the batch), dealt round-robin; every rank
+// runs its pack locally.
 #include <fmt/format.h>
 
 #include "ballast/error.hpp"
@@ -27,7 +28,7 @@ class PackedDpPlanner final : public Planner {
  public:
   std::string name() const override { return kName; }
   std::string description() const override {
-    return "Megatron-style packing: best-fit-decreasing packs of one GPU's token budget, "
+    return "Megatron-style packing: token-balanced packs of one GPU's token budget, "
            "data parallel, no sequence splitting";
   }
 
@@ -47,8 +48,7 @@ class PackedDpPlanner final : public Planner {
       }
       items.push_back({static_cast<std::int64_t>(id), length});
     }
-    std::vector<Pack> packs = best_fit_decreasing(items, capacity_tokens);
-    sort_packs_by_tokens_descending(packs, batch.lengths_tokens);
+    const std::vector<Pack> packs = balanced_packs(items, capacity_tokens, plan.cluster.ranks());
     deal_packs_round_robin(plan, packs, 1,
                            [&plan](const Pack& pack, const std::vector<int>& ranks) {
                              return local_group(pack, ranks, plan);

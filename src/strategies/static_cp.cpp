@@ -1,6 +1,7 @@
 // static-cp (TransformerEngine / Megatron CP, ring) and static-cp-allgather (LLaMA-3 CP):
 // fixed CP groups of d consecutive ranks, every sequence zigzag-split with padding to a
-// multiple of 2d, packs of the group's budget (THD format) dealt round-robin to groups.
+// multiple of 2d, token-balanced packs of the group's budget (THD format) dealt
+// round-robin to groups.
 #include "builders.hpp"
 
 namespace ballast::strategies {
@@ -40,14 +41,13 @@ class StaticCpPlanner final : public Planner {
     Plan plan = make_plan_skeleton(batch, cost, name_);
     const int degree = resolve_degree(batch, cost, options, scheme_, name_);
     const Tokens group_capacity_tokens = degree * usable_tokens_per_rank(cost, scheme_, degree);
-    std::vector<Tokens> padded_tokens;
     std::vector<PackItem> items;
     for (std::size_t id = 0; id < batch.lengths_tokens.size(); ++id) {
-      padded_tokens.push_back(footprint_tokens(batch.lengths_tokens[id], scheme_, degree));
-      items.push_back({static_cast<std::int64_t>(id), padded_tokens.back()});
+      items.push_back({static_cast<std::int64_t>(id),
+                       footprint_tokens(batch.lengths_tokens[id], scheme_, degree)});
     }
-    std::vector<Pack> packs = best_fit_decreasing(items, group_capacity_tokens);
-    sort_packs_by_tokens_descending(packs, padded_tokens);
+    const std::vector<Pack> packs =
+        balanced_packs(items, group_capacity_tokens, plan.cluster.ranks() / degree);
     deal_packs_round_robin(plan, packs, degree,
                            [&](const Pack& pack, const std::vector<int>& ranks) {
                              return cp_group(pack, ranks, scheme_, plan);

@@ -1,4 +1,4 @@
-// static-ulysses (DeepSpeed-Ulysses): fixed SP degree d, best-fit-decreasing packs of the
+// static-ulysses (DeepSpeed-Ulysses): fixed SP degree d, token-balanced packs of the
 // group's budget dealt round-robin; each pack's concatenation split evenly over the group.
 #include "builders.hpp"
 #include "ulysses.hpp"
@@ -46,8 +46,8 @@ Plan plan_static_ulysses(const Batch& batch, const CostModel& cost, int degree,
   for (std::size_t id = 0; id < batch.lengths_tokens.size(); ++id) {
     items.push_back({static_cast<std::int64_t>(id), batch.lengths_tokens[id]});
   }
-  std::vector<Pack> packs = best_fit_decreasing(items, group_capacity_tokens);
-  sort_packs_by_tokens_descending(packs, batch.lengths_tokens);
+  const std::vector<Pack> packs =
+      balanced_packs(items, group_capacity_tokens, plan.cluster.ranks() / degree);
   deal_packs_round_robin(plan, packs, degree,
                          [&plan](const Pack& pack, const std::vector<int>& ranks) {
                            return ulysses_group(pack, ranks, plan);
@@ -63,7 +63,7 @@ class StaticUlyssesPlanner final : public Planner {
  public:
   std::string name() const override { return kName; }
   std::string description() const override {
-    return "DeepSpeed-Ulysses: fixed SP degree d (<= KV heads), best-fit-decreasing packs, "
+    return "DeepSpeed-Ulysses: fixed SP degree d (<= KV heads), token-balanced packs, "
            "all-to-all head scatter";
   }
   std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <random>
 
 #include "ballast/error.hpp"
 #include "ballast/strategy.hpp"
@@ -110,6 +112,126 @@ TEST(BestFitDecreasing, SortPacksIsStable) {
   const std::vector<Tokens> sizes = {4, 9, 4};
   sort_packs_by_tokens_descending(packs, sizes);
   EXPECT_EQ(packs, (std::vector<Pack>{{1}, {0}, {2}}));
+}
+
+TEST(BalancedPacks, OneRoundSpreadsTokensEvenly) {
+  // Capacity 20, 2 groups: BFD needs 2 packs ({7, 5, 4, 3, 1} and {2}), so R = 1 and there
+  // are 2 packs. Sorted: 7(2) 5(0) 4(4) 3(1) 2(3) 1(5). 7 -> P0 (7); 5 -> P1 (5); 4 -> P1
+  // (9); 3 -> P0 (10); 2 -> P1 (11); 1 -> P0 (11). Equal totals: order kept (stable).
+  const std::vector<PackItem> items = {{0, 5}, {1, 3}, {2, 7}, {3, 2}, {4, 4}, {5, 1}};
+  ASSERT_EQ(best_fit_decreasing(items, 20).size(), 2u);
+  const std::vector<Pack> packs = balanced_packs(items, 20, 2);
+  ASSERT_EQ(packs.size(), 2u);
+  EXPECT_EQ(packs[0], (Pack{2, 1, 5}));
+  EXPECT_EQ(packs[1], (Pack{0, 4, 3}));
+}
+
+TEST(BalancedPacks, RoundsStartAtBfdPacksPerGroup) {
+  // The BestFitDecreasing.HandChecked items: BFD needs 3 packs of 10, so with 2 groups
+  // R = ceil(3 / 2) = 2: 4 packs. 7 -> P0; 5 -> P1; 4 -> P2; 3 -> P3; 2 -> P3 (the least,
+  // 3 -> 5); 1 -> P2 (4 -> 5). Totals 7, 5, 5, 5: sorted (stable) P0, P1, P2, P3.
+  const std::vector<PackItem> items = {{0, 5}, {1, 3}, {2, 7}, {3, 2}, {4, 4}, {5, 1}};
+  const std::vector<Pack> packs = balanced_packs(items, 10, 2);
+  ASSERT_EQ(packs.size(), 4u);
+  EXPECT_EQ(packs[0], (Pack{2}));
+  EXPECT_EQ(packs[1], (Pack{0}));
+  EXPECT_EQ(packs[2], (Pack{4, 5}));
+  EXPECT_EQ(packs[3], (Pack{1, 3}));
+}
+
+TEST(BalancedPacks, AddsARoundWhenTheLeastLoadedPackIsFull) {
+  // Capacity 10, one group. BFD: {5, 5} {4, 3, 3}: 2 packs, so R starts at 2. Spreading:
+  // 5 -> P0, 5 -> P1, 4 -> P0 (9), 3 -> P1 (8), then 3 fits neither (8 + 3 > 10): R = 3.
+  // 5(0) -> P0, 5(1) -> P1, 4(2) -> P2, 3(3) -> P2 (7), 3(4) -> P0 (5, ties P1: lower
+  // index) = 8. Totals 8, 5, 7: sorted P0, P2, P1.
+  const std::vector<PackItem> items = {{0, 5}, {1, 5}, {2, 4}, {3, 3}, {4, 3}};
+  ASSERT_EQ(best_fit_decreasing(items, 10).size(), 2u);
+  const std::vector<Pack> packs = balanced_packs(items, 10, 1);
+  ASSERT_EQ(packs.size(), 3u);
+  EXPECT_EQ(packs[0], (Pack{0, 4}));
+  EXPECT_EQ(packs[1], (Pack{2, 3}));
+  EXPECT_EQ(packs[2], (Pack{1}));
+  // Two groups: R = 1 (2 packs) fails the same way; R = 2 gives 4 packs: 5 -> P0, 5 -> P1,
+  // 4 -> P2, 3 -> P3, 3 -> P3 (the least, 3): totals 5, 5, 4, 6.
+  const std::vector<Pack> two = balanced_packs(items, 10, 2);
+  EXPECT_EQ(two, (std::vector<Pack>{{3, 4}, {0}, {1}, {2}}));
+}
+
+TEST(BalancedPacks, FewerItemsThanGroupsDropsEmptyPacks) {
+  // 2 items, 4 groups: one round of 4 packs, two of them empty and dropped, so dealing
+  // gives no group an empty pack.
+  const std::vector<PackItem> items = {{0, 3}, {1, 9}};
+  EXPECT_EQ(balanced_packs(items, 10, 4), (std::vector<Pack>{{1}, {0}}));
+  EXPECT_EQ(balanced_packs(std::vector<PackItem>{{0, 10}}, 10, 8), (std::vector<Pack>{{0}}));
+}
+
+TEST(BalancedPacks, TiesGoToLowestPackAndLowestId) {
+  // Equal sizes sort by id: 6(1) -> P0, 6(3) -> P1, 3(2) -> P0 (tie: lowest index), 2(0) -> P1.
+  const std::vector<PackItem> items = {{3, 6}, {1, 6}, {0, 2}, {2, 3}};
+  EXPECT_EQ(balanced_packs(items, 9, 2), (std::vector<Pack>{{1, 2}, {3, 0}}));
+}
+
+TEST(BalancedPacks, EveryItemMustFitAnEmptyPack) {
+  const std::vector<PackItem> items = {{0, 3}, {1, 11}};
+  EXPECT_NE(error_of([&] { balanced_packs(items, 10, 2); })
+                .find("sequence 1 (11 tokens) must fit a pack of 10 tokens"),
+            std::string::npos);
+  EXPECT_THROW(balanced_packs(std::vector<PackItem>{{0, 0}}, 10, 2), InternalError);
+  EXPECT_THROW(balanced_packs(items, 20, 0), InternalError);
+}
+
+TEST(BalancedPacks, RandomBatchesKeepEveryInvariant) {
+  std::mt19937_64 rng(7);
+  int one_round = 0;
+  int several_rounds = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int groups = 1 + static_cast<int>(rng() % 16);
+    const Tokens capacity = 50 + static_cast<Tokens>(rng() % 500);
+    const int count = 1 + static_cast<int>(rng() % 80);
+    std::vector<PackItem> items;
+    std::vector<Tokens> sizes;
+    Tokens largest = 0;
+    for (int id = 0; id < count; ++id) {
+      // Mostly short items, some up to the capacity.
+      const Tokens size = rng() % 4 == 0 ? 1 + static_cast<Tokens>(rng() % capacity)
+                                         : 1 + static_cast<Tokens>(rng() % (capacity / 5));
+      items.push_back({id, size});
+      sizes.push_back(size);
+      largest = std::max(largest, size);
+    }
+    std::shuffle(items.begin(), items.end(), rng);
+    const std::vector<Pack> packs = balanced_packs(items, capacity, groups);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    EXPECT_EQ(packs, balanced_packs(items, capacity, groups));  // deterministic
+    std::map<std::int64_t, int> seen;
+    std::vector<Tokens> totals;
+    for (const Pack& pack : packs) {
+      ASSERT_FALSE(pack.empty());
+      for (std::int64_t id : pack) ++seen[id];
+      totals.push_back(pack_tokens(pack, sizes));
+      EXPECT_LE(totals.back(), capacity);
+    }
+    ASSERT_EQ(seen.size(), static_cast<std::size_t>(count));  // every item exactly once
+    for (const auto& [id, times] : seen) EXPECT_EQ(times, 1) << id;
+    EXPECT_TRUE(std::is_sorted(totals.rbegin(), totals.rend()));  // descending
+    const std::size_t bfd = best_fit_decreasing(items, capacity).size();
+    const std::size_t g = static_cast<std::size_t>(groups);
+    // Never fewer micro-batches than BFD's packs dealt the same way.
+    EXPECT_GE((packs.size() + g - 1) / g, (bfd + g - 1) / g);
+    if (packs.size() <= g) {
+      // One round (a second round only follows with more items than groups, which leaves
+      // more than `groups` packs non-empty): spread within the largest item, counting the
+      // groups left without a pack as 0 tokens.
+      ++one_round;
+      EXPECT_EQ(packs.size(), std::min<std::size_t>(g, static_cast<std::size_t>(count)));
+      const Tokens least = packs.size() < g ? 0 : totals.back();
+      EXPECT_LE(totals.front() - least, largest);
+    } else {
+      ++several_rounds;
+    }
+  }
+  EXPECT_GT(one_round, 50);
+  EXPECT_GT(several_rounds, 50);
 }
 
 /// Chunks cover [0, end) exactly once.

@@ -36,9 +36,13 @@ void expect_chunk(const Chunk& chunk, int rank, Tokens begin, Tokens end) {
   EXPECT_EQ(chunk.end_tokens, end);
 }
 
-TEST(PackedDp, BestFitPacksDealtRoundRobin) {
+TEST(PackedDp, BalancedPacksDealtRoundRobin) {
   const FakeCostModel cost(tiny_cluster(1, 2));
-  // Capacity 194: packs {150, 40} {100, 90} {50}; two ranks.
+  // Capacity 194, two ranks. BFD needs 3 packs ({150, 40} {100, 90} {50}), so 2 rounds of
+  // 2 packs: 150 -> P0, 100 -> P1, 90 -> P2, 50 -> P3, 40 -> P3 (the least loaded, 50).
+  // Totals 150, 100, 90, 90: micro-batch 0 = P0 on rank 0, P1 on rank 1; micro-batch 1 =
+  // P2 on rank 0, P3 on rank 1. Every rank gets a pack in every micro-batch (BFD left
+  // rank 1 idle in micro-batch 1).
   const Plan plan = plan_with("packed-dp", cost, {150, 100, 90, 50, 40});
   EXPECT_EQ(plan.strategy, "packed-dp");
   EXPECT_EQ(plan.step, 3);
@@ -48,13 +52,33 @@ TEST(PackedDp, BestFitPacksDealtRoundRobin) {
   ASSERT_EQ(first.size(), 2u);
   EXPECT_EQ(first[0].scheme, Scheme::local);
   EXPECT_EQ(first[0].ranks, std::vector<int>{0});
-  EXPECT_EQ(ids_of(first[0]), (std::vector<std::int64_t>{0, 4}));
+  EXPECT_EQ(ids_of(first[0]), (std::vector<std::int64_t>{0}));
   EXPECT_EQ(first[1].ranks, std::vector<int>{1});
-  EXPECT_EQ(ids_of(first[1]), (std::vector<std::int64_t>{1, 2}));
-  ASSERT_EQ(plan.micro_batches[1].groups.size(), 1u);
-  EXPECT_EQ(plan.micro_batches[1].groups[0].ranks, std::vector<int>{0});
-  EXPECT_EQ(ids_of(plan.micro_batches[1].groups[0]), (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(ids_of(first[1]), (std::vector<std::int64_t>{1}));
+  const auto& second = plan.micro_batches[1].groups;
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(second[0].ranks, std::vector<int>{0});
+  EXPECT_EQ(ids_of(second[0]), (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(second[1].ranks, std::vector<int>{1});
+  EXPECT_EQ(ids_of(second[1]), (std::vector<std::int64_t>{3, 4}));
   expect_chunk(first[0].sequences[0].chunks.at(0), 0, 0, 150);
+}
+
+TEST(PackedDp, FewSequencesSpreadOverRanks) {
+  const FakeCostModel cost;
+  // Capacity 194, four ranks: BFD would fill one pack {100, 60, 30} and leave three ranks
+  // idle; balanced packing gives one round of 4 packs: 100 -> rank 0, 60 -> rank 1,
+  // 30 -> rank 2, and the empty fourth pack is dropped (rank 3 has nothing to run).
+  const Plan plan = plan_with("packed-dp", cost, {30, 100, 60});
+  ASSERT_EQ(plan.micro_batches.size(), 1u);
+  const auto& groups = plan.micro_batches[0].groups;
+  ASSERT_EQ(groups.size(), 3u);
+  EXPECT_EQ(ids_of(groups[0]), std::vector<std::int64_t>{1});
+  EXPECT_EQ(groups[0].ranks, std::vector<int>{0});
+  EXPECT_EQ(ids_of(groups[1]), std::vector<std::int64_t>{2});
+  EXPECT_EQ(groups[1].ranks, std::vector<int>{1});
+  EXPECT_EQ(ids_of(groups[2]), std::vector<std::int64_t>{0});
+  EXPECT_EQ(groups[2].ranks, std::vector<int>{2});
 }
 
 TEST(PackedDp, TooLongSequenceIsNamed) {
@@ -92,22 +116,30 @@ TEST(StaticCp, OneRingOfFourWithPadding) {
 
 TEST(StaticCp, DegreeOverrideGivesTwoGroups) {
   const FakeCostModel cost;
-  // d=2: padded 152, 120, 60, 12; packs {152} and {120, 60, 12} (192 tokens, dealt first).
+  // d=2: 2 groups of 200 padded tokens; padded 152, 120, 60, 12. BFD needs 2 packs
+  // ({152, 12} and {120, 60}), so one round of 2 packs: 152 -> P0, 120 -> P1, 60 -> P1
+  // (120 < 152: 180), 12 -> P0 (152 < 180: 164). P1 (180) is dealt first, to ranks 0-1.
   const Plan plan = plan_with("static-cp", cost, {150, 120, 60, 10}, 2);
   ASSERT_EQ(plan.micro_batches.size(), 1u);
   const auto& groups = plan.micro_batches[0].groups;
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[0].ranks, (std::vector<int>{0, 1}));
-  EXPECT_EQ(ids_of(groups[0]), (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_EQ(ids_of(groups[0]), (std::vector<std::int64_t>{1, 2}));
   EXPECT_EQ(groups[1].ranks, (std::vector<int>{2, 3}));
-  EXPECT_EQ(ids_of(groups[1]), (std::vector<std::int64_t>{0}));
+  EXPECT_EQ(ids_of(groups[1]), (std::vector<std::int64_t>{0, 3}));
   EXPECT_EQ(groups[1].sequences[0].padded_length_tokens, 152);
+  EXPECT_EQ(groups[1].sequences[1].padded_length_tokens, 12);
 }
 
 TEST(StaticCp, ShortBatchRunsLocallyAtDegreeOne) {
   const FakeCostModel cost;
+  // Degree 1 (local capacity 194): BFD fits all in 2 packs, so one round of 4 packs, one
+  // sequence each on ranks 0-2 (the fourth pack is empty and dropped).
   const Plan plan = plan_with("static-cp", cost, {100, 90, 5});
   ASSERT_EQ(plan.micro_batches.size(), 1u);
+  ASSERT_EQ(plan.micro_batches[0].groups.size(), 3u);
+  EXPECT_EQ(ids_of(plan.micro_batches[0].groups[2]), std::vector<std::int64_t>{2});
+  EXPECT_EQ(plan.micro_batches[0].groups[2].ranks, std::vector<int>{2});
   for (const auto& group : plan.micro_batches[0].groups) {
     EXPECT_EQ(group.scheme, Scheme::local);
     for (const auto& sequence : group.sequences) {
@@ -118,7 +150,8 @@ TEST(StaticCp, ShortBatchRunsLocallyAtDegreeOne) {
 
 TEST(StaticCpAllGather, CapacityShrinksWithTheGroup) {
   const FakeCostModel cost;
-  // d=4 all-gather: 67 tokens per rank, 268 per group: {256} then {32, 16}.
+  // d=4 all-gather: 67 tokens per rank, 268 per group, one group: BFD needs 2 packs, so 2
+  // rounds of one pack: 256 -> P0, 32 -> P1, 16 -> P1: {256} then {32, 16}.
   const Plan plan = plan_with("static-cp-allgather", cost, {250, 10, 30});
   ASSERT_EQ(plan.micro_batches.size(), 2u);
   const AttentionGroup& first = plan.micro_batches[0].groups.at(0);
@@ -130,27 +163,37 @@ TEST(StaticCpAllGather, CapacityShrinksWithTheGroup) {
 
 TEST(StaticUlysses, ContiguousSplitOfThePack) {
   const FakeCostModel cost;
-  // 200 > 194 needs degree 2 (226 per group): packs {200, 20} and {30}.
+  // 200 > 194 needs degree 2 (226 per group), 2 groups. BFD needs 2 packs ({200, 20},
+  // {30}), so one round of 2 packs: 200 -> P0, 30 -> P1, 20 -> P1 (30 < 200): {200} on
+  // ranks 0-1 (100 tokens each) and {30, 20} on ranks 2-3: the 50-token concatenation
+  // splits 25 / 25, so sequence 1 spans both ranks and sequence 2 sits on rank 3 alone.
   const Plan plan = plan_with("static-ulysses", cost, {200, 30, 20});
   ASSERT_EQ(plan.micro_batches.size(), 1u);
   const auto& groups = plan.micro_batches[0].groups;
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[0].scheme, Scheme::ulysses);
   EXPECT_EQ(groups[0].ranks, (std::vector<int>{0, 1}));
-  EXPECT_EQ(ids_of(groups[0]), (std::vector<std::int64_t>{0, 2}));
+  EXPECT_EQ(ids_of(groups[0]), (std::vector<std::int64_t>{0}));
   ASSERT_EQ(groups[0].sequences[0].chunks.size(), 2u);
-  expect_chunk(groups[0].sequences[0].chunks[0], 0, 0, 110);
-  expect_chunk(groups[0].sequences[0].chunks[1], 1, 110, 200);
-  ASSERT_EQ(groups[0].sequences[1].chunks.size(), 1u);
-  expect_chunk(groups[0].sequences[1].chunks[0], 1, 0, 20);
-  EXPECT_EQ(groups[0].sequences[1].padded_length_tokens, 20);  // never padded
-  expect_chunk(groups[1].sequences[0].chunks[0], 2, 0, 15);
-  expect_chunk(groups[1].sequences[0].chunks[1], 3, 15, 30);
+  expect_chunk(groups[0].sequences[0].chunks[0], 0, 0, 100);
+  expect_chunk(groups[0].sequences[0].chunks[1], 1, 100, 200);
+  EXPECT_EQ(groups[1].ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(ids_of(groups[1]), (std::vector<std::int64_t>{1, 2}));
+  ASSERT_EQ(groups[1].sequences[0].chunks.size(), 2u);
+  expect_chunk(groups[1].sequences[0].chunks[0], 2, 0, 25);
+  expect_chunk(groups[1].sequences[0].chunks[1], 3, 25, 30);
+  ASSERT_EQ(groups[1].sequences[1].chunks.size(), 1u);
+  expect_chunk(groups[1].sequences[1].chunks[0], 3, 0, 20);
+  EXPECT_EQ(groups[1].sequences[1].padded_length_tokens, 20);  // never padded
 }
 
 TEST(StaticUlysses, OddPackSplitsDifferByOne) {
-  const FakeCostModel cost;
+  // Two ranks, so d = 2 is one group and {200, 7} one pack (on four ranks the two
+  // sequences would go to the two groups).
+  const FakeCostModel cost(tiny_cluster(1, 2));
   const Plan plan = plan_with("static-ulysses", cost, {200, 7}, 2);
+  ASSERT_EQ(plan.micro_batches.size(), 1u);
+  ASSERT_EQ(plan.micro_batches[0].groups.size(), 1u);
   const auto& group = plan.micro_batches[0].groups.at(0);
   // 207 tokens: member 0 holds 104, member 1 holds 103.
   expect_chunk(group.sequences[0].chunks[0], 0, 0, 104);
