@@ -87,15 +87,18 @@ bool heavier(const Item& a, const Item& b) {
 
 class Placer {
  public:
-  Placer(const CostModel& cost, const TierContext& context)
+  /// `target_load_s`: the step's mean per-GPU work (tier selection).
+  Placer(const CostModel& cost, const TierContext& context, Seconds target_load_s)
       : cost_(cost), context_(context), gpus_(context.gpus_per_node), nodes_(context.nodes),
-        ranks_(gpus_ * nodes_) {}
+        ranks_(gpus_ * nodes_), target_load_s_(target_load_s),
+        load_(static_cast<std::size_t>(ranks_), 0) {}
 
-  /// Places as many of `ids` as fit into one micro-batch; the rest go to `overflow`.
+  /// Places as many of `ids` as fit into the next micro-batch; the rest go to `overflow`.
+  /// Loads carry over from earlier micro-batches (they are not barriers: a GPU's step is
+  /// the sum of its micro-batches), token counts do not.
   std::vector<Item> place(const std::vector<std::int64_t>& ids, const Batch& batch,
-                          bool balance_linear, std::vector<std::int64_t>& overflow) const {
+                          bool balance_linear, std::vector<std::int64_t>& overflow) {
     std::vector<Item> items;
-    Seconds total_work_s = 0;
     for (std::int64_t id : ids) {
       Item item;
       item.id = id;
@@ -104,12 +107,10 @@ class Placer {
       const Seconds linear = linear_s(cost_, item.length);
       item.work_s = attention + linear;
       item.weight_s = attention + (balance_linear ? linear : 0.0);
-      total_work_s += item.work_s;
       items.push_back(item);
     }
-    const Seconds target_load_s = total_work_s / ranks_;
     for (Item& item : items) {
-      item.choice = choose_tier(item.id, item.length, target_load_s, context_);
+      item.choice = choose_tier(item.id, item.length, target_load_s_, context_);
     }
     std::sort(items.begin(), items.end(), heavier);
 
@@ -117,6 +118,7 @@ class Placer {
     // everything else LPT over nodes, both under the nodes' token capacity.
     const Tokens node_capacity = gpus_ * context_.capacity_tokens_per_rank;
     std::vector<Seconds> node_load(static_cast<std::size_t>(nodes_), 0);
+    for (int r = 0; r < ranks_; ++r) node_load[static_cast<std::size_t>(r / gpus_)] += load_[static_cast<std::size_t>(r)];
     std::vector<Tokens> node_tokens(static_cast<std::size_t>(nodes_), 0);
     std::vector<int> node_of_item(items.size(), -1);
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -163,7 +165,6 @@ class Placer {
     // Level 2 (GPUs): inter-node rings take every GPU of their nodes; then, node by node
     // in item order, intra-node rings on the aligned block of g GPUs with the least load
     // and local sequences on the least-loaded GPU, under each GPU's token capacity.
-    load_.assign(static_cast<std::size_t>(ranks_), 0);
     tokens_.assign(static_cast<std::size_t>(ranks_), 0);
     std::vector<Item> placed;
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -217,7 +218,7 @@ class Placer {
     return best;
   }
 
-  void charge(const Item& item, int first_rank, int degree) const {
+  void charge(const Item& item, int first_rank, int degree) {
     for (int r = first_rank; r < first_rank + degree; ++r) {
       load_[static_cast<std::size_t>(r)] += item.weight_s / degree;
       tokens_[static_cast<std::size_t>(r)] += ceil_div(item.length, degree);
@@ -227,8 +228,9 @@ class Placer {
   const CostModel& cost_;
   const TierContext& context_;
   int gpus_, nodes_, ranks_;
-  mutable std::vector<Seconds> load_;
-  mutable std::vector<Tokens> tokens_;
+  Seconds target_load_s_;
+  std::vector<Seconds> load_;  ///< work placed on each GPU so far in the step
+  std::vector<Tokens> tokens_;  ///< tokens on each GPU in the current micro-batch
 };
 
 /// A ring group over `ranks` holding `ids`, each zigzag-split without padding (one rank:
@@ -321,7 +323,9 @@ std::vector<std::vector<std::int64_t>> pre_split(const Batch& batch, const CostM
 Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierContext& context,
                        bool balance_linear, const std::string& label) {
   Plan plan = make_plan_skeleton(batch, cost, label);
-  const Placer placer(cost, context);
+  Seconds total_work_s = 0;
+  for (Tokens length : batch.lengths_tokens) total_work_s += attention_s(cost, length) + linear_s(cost, length);
+  Placer placer(cost, context, total_work_s / cost.cluster().ranks());
   std::vector<std::vector<std::int64_t>> pending =
       pre_split(batch, cost, context.capacity_tokens_per_rank);
   for (std::size_t m = 0; m < pending.size(); ++m) {
@@ -341,7 +345,7 @@ Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierCont
 }
 
 /// Partitioning replaced by even splitting (the ablation): TE CP's static rings of d
-/// consecutive ranks, packs dealt round-robin, but zigzag without padding.
+/// consecutive ranks and token-balanced packs dealt round-robin, but zigzag without padding.
 Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> degree,
                const std::string& label) {
   Plan plan = make_plan_skeleton(batch, cost, label);
@@ -351,13 +355,10 @@ Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> deg
   const Tokens capacity = d * usable_tokens_per_rank(cost, Scheme::ring, d);
   // A sequence occupies d * ceil(s / d): its largest member share on every member.
   std::vector<PackItem> items;
-  std::vector<Tokens> footprint;
   for (std::size_t id = 0; id < batch.lengths_tokens.size(); ++id) {
-    footprint.push_back(d * ceil_div(batch.lengths_tokens[id], d));
-    items.push_back({static_cast<std::int64_t>(id), footprint.back()});
+    items.push_back({static_cast<std::int64_t>(id), d * ceil_div(batch.lengths_tokens[id], d)});
   }
-  std::vector<Pack> packs = best_fit_decreasing(items, capacity);
-  sort_packs_by_tokens_descending(packs, footprint);
+  const std::vector<Pack> packs = balanced_packs(items, capacity, cost.cluster().ranks() / d);
   deal_packs_round_robin(plan, packs, d, [&](const Pack& pack, const std::vector<int>& ranks) {
     return ring_group(ranks, pack, plan);
   });
@@ -599,13 +600,35 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const Switches& sw
     candidates.push_back(even_plan(batch, cost, even_degree, label));
   }
   for (Plan& plan : candidates) finish_micro_batches(plan, cost, switches.routing);
+  if (switches.routing == Switches::Mode::auto_) {
+    // The routing choice prices each transfer alone; in a busy ring the proxies' NVLink
+    // ports also carry their own ring hops. Each routed candidate therefore gets an
+    // unrouted twin, placed before it, so routing is kept only where the whole simulated
+    // step is faster with it.
+    std::vector<Plan> with_twins;
+    for (Plan& plan : candidates) {
+      Plan direct = plan;
+      bool routed = false;
+      for (MicroBatch& micro_batch : direct.micro_batches) {
+        for (AttentionGroup& group : micro_batch.groups) {
+          routed = routed || group.routing_proxies > 1;
+          group.routing_proxies = 1;
+          group.routing_chunks = 1;
+        }
+      }
+      if (routed) with_twins.push_back(std::move(direct));
+      with_twins.push_back(std::move(plan));
+    }
+    candidates = std::move(with_twins);
+  }
   if (switches.remap != Switches::Mode::off) {
     const std::size_t plain = candidates.size();
     for (std::size_t i = 0; i < plain; ++i) candidates.push_back(with_remap(candidates[i], cost));
     if (remap_only) candidates.erase(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(plain));
   }
   // Keep the fastest valid candidate by simulation (ties: the earlier, simpler one). The
-  // unremapped candidates come first, so a remap is kept only when it pays.
+  // unremapped and unrouted candidates come first, so a remap or a routing is kept only
+  // when it pays.
   const Plan* best = nullptr;
   Seconds best_s = 0;
   std::string first_problem;
