@@ -1,0 +1,110 @@
+// Executes the attention of one micro-batch of a Plan over MPI: the remap between the
+// linear layout and the attention layout (all-to-allv), then each of this rank's groups in
+// its queue order with the group's scheme: local (varlen), ring (zigzag chunks, KV blocks
+// passed with non-blocking point-to-point overlapped with the block's compute; dK/dV
+// travel with the blocks backward and return to their owner), all_gather (KV of every
+// member; dK/dV reduced back to the owner) and ulysses (all-to-all from sequence to head
+// sharding, GQA-aware). Every rank of MPI_COMM_WORLD is plan rank = MPI rank; all ranks
+// call forward/backward for every layer of every micro-batch (the remap is collective).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <mpi.h>
+
+#include "ballast/plan.hpp"
+#include "ballast/runtime/model.hpp"
+
+namespace ballast::runtime {
+
+/// Bytes and time this rank spent communicating, per link class.
+struct CommunicationStats {
+  std::int64_t intra_node_bytes_sent = 0;
+  std::int64_t inter_node_bytes_sent = 0;
+  double wait_s = 0;      ///< wall time blocked in MPI waits and collectives
+  double wait_cpu_s = 0;  ///< thread CPU time spent inside them (MPI polls while it waits)
+  struct Interval {
+    const char* name;
+    double start_s;  ///< MPI_Wtime
+    double duration_s;
+  };
+  std::vector<Interval> waits;  ///< every blocking wait, in order
+};
+
+/// This thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): what "busy" counts, so it
+/// stays meaningful when ranks share cores.
+double thread_cpu_s();
+
+/// One token of a layout: sequence id and position inside the sequence.
+struct TokenRef {
+  std::int64_t sequence = 0;
+  std::int64_t position = 0;
+};
+
+class PlanAttentionEngine final : public AttentionEngine {
+ public:
+  /// `plan` must outlive the engine; `rank` = this process's MPI rank in `comm`.
+  PlanAttentionEngine(const Plan& plan, int micro_batch, MPI_Comm comm);
+
+  /// This rank's tokens for the per-token ops: the micro-batch's linear layout (its
+  /// slices in layout order) or, without one, its attention chunks in queue order
+  /// (padding dropped). Targets come from `documents` (document i = sequence i).
+  TokenBatch linear_batch(const std::vector<std::vector<std::int32_t>>& documents) const;
+
+  void forward(int layer, const AttentionShape& shape, const TokenBatch& batch, const float* q,
+               const float* k, const float* v, float* out) override;
+  void backward(int layer, const AttentionShape& shape, const TokenBatch& batch,
+                const float* d_out, float* d_q, float* d_k, float* d_v) override;
+
+  const CommunicationStats& stats() const { return stats_; }
+
+ private:
+  struct GroupTokens {
+    int group = 0;          ///< index in the micro-batch
+    int first = 0;          ///< this rank's tokens of the group start here in its attention layout
+    int count = 0;
+  };
+  struct Saved {  ///< per layer, attention layout of this rank
+    std::vector<float> q, k, v, out, lse;
+  };
+
+  /// Moves rows of `width` floats from one layout to the other (all-to-allv).
+  void remap(const std::vector<std::vector<TokenRef>>& from,
+             const std::vector<std::vector<TokenRef>>& to, const float* in, float* out,
+             int width);
+  std::vector<TokenRef> group_tokens(const AttentionGroup& group, int rank) const;
+  void run_group_forward(const AttentionShape& shape, const GroupTokens& mine, Saved& saved);
+  void run_group_backward(const AttentionShape& shape, const GroupTokens& mine, const Saved& saved,
+                          const float* d_out, float* d_q, float* d_k, float* d_v);
+  void exchange(const std::vector<std::vector<float>>& send, std::vector<std::vector<float>>& recv,
+                const std::vector<int>& peers, int tag);
+  void count_sent(int peer, std::int64_t bytes);
+  /// Runs a blocking MPI wait, adding its wall and CPU time and an interval to stats_.
+  void timed_wait(const char* name, const std::function<void()>& wait);
+  /// One ring shift of `group`: member m sends sizes[m] floats to member m + 1 (this rank
+  /// sends `send`, receives its predecessor's into `recv`). An inter-node hop of a group
+  /// with routing_proxies k > 1 is split into k parts: part 0 straight to the successor,
+  /// part t through proxy GPUs on t-th other NICs of both nodes (as the simulator routes),
+  /// when every proxy is a member of the group (they relay inside the same step); else the
+  /// hop goes direct. `compute` runs while the data flies; returns when this rank's
+  /// receives, sends and relays are done.
+  void ring_shift(const AttentionGroup& group, int group_index, const std::vector<std::size_t>& sizes,
+                  const float* send, float* recv, int phase, const std::function<void()>& compute);
+
+  const Plan& plan_;
+  const MicroBatch& micro_batch_;
+  int micro_batch_index_;
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int ranks_ = 0;
+  bool has_layout_ = false;
+  std::vector<std::vector<TokenRef>> attention_layout_;  ///< per rank, queue order
+  std::vector<std::vector<TokenRef>> linear_layout_;     ///< per rank
+  std::vector<GroupTokens> my_groups_;                   ///< queue order
+  std::vector<Saved> saved_;
+  CommunicationStats stats_;
+};
+
+}  // namespace ballast::runtime

@@ -1,0 +1,250 @@
+// PlanAttentionEngine: one micro-batch of a Plan's attention over MPI (plan_engine.hpp).
+#include "ballast/runtime/plan_engine.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <ctime>
+#include <limits>
+#include <numeric>
+#include <unordered_map>
+
+#include "ballast/error.hpp"
+#include "ballast/runtime/mpi.hpp"
+
+namespace ballast::runtime {
+
+namespace {
+
+std::int64_t key_of(const TokenRef& token) {
+  return token.sequence * (std::int64_t{1} << 32) + token.position;
+}
+
+}  // namespace
+
+PlanAttentionEngine::PlanAttentionEngine(const Plan& plan, int micro_batch, MPI_Comm comm)
+    : plan_(plan),
+      micro_batch_(plan.micro_batches.at(static_cast<std::size_t>(micro_batch))),
+      micro_batch_index_(micro_batch),
+      comm_(comm) {
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm_, &ranks_), "MPI_Comm_size");
+  if (ranks_ != plan.cluster.ranks()) {
+    throw InputError(fmt::format("the plan is for {} ranks but the job has {}; run with mpirun -np {}",
+                                 plan.cluster.ranks(), ranks_, plan.cluster.ranks()));
+  }
+  const auto queues = effective_queues(micro_batch_, ranks_);
+  attention_layout_.resize(static_cast<std::size_t>(ranks_));
+  for (int r = 0; r < ranks_; ++r) {
+    auto& layout = attention_layout_[static_cast<std::size_t>(r)];
+    for (int g : queues[static_cast<std::size_t>(r)]) {
+      const std::vector<TokenRef> tokens =
+          group_tokens(micro_batch_.groups[static_cast<std::size_t>(g)], r);
+      if (r == rank_) {
+        my_groups_.push_back({g, static_cast<int>(layout.size()), static_cast<int>(tokens.size())});
+      }
+      layout.insert(layout.end(), tokens.begin(), tokens.end());
+    }
+  }
+  has_layout_ = !micro_batch_.linear_layout.empty();
+  if (has_layout_) {
+    linear_layout_.resize(static_cast<std::size_t>(ranks_));
+    for (const LinearSlice& slice : micro_batch_.linear_layout) {
+      auto& layout = linear_layout_[static_cast<std::size_t>(slice.rank)];
+      for (Tokens p = slice.begin_tokens; p < slice.end_tokens; ++p) layout.push_back({slice.sequence_id, p});
+    }
+  } else {
+    linear_layout_ = attention_layout_;
+  }
+}
+
+std::vector<TokenRef> PlanAttentionEngine::group_tokens(const AttentionGroup& group, int rank) const {
+  std::vector<TokenRef> tokens;
+  for (const SequenceChunks& sequence : group.sequences) {
+    const Tokens length = plan_.sequence_lengths_tokens[static_cast<std::size_t>(sequence.sequence_id)];
+    for (const Chunk& chunk : sequence.chunks) {
+      if (chunk.rank != rank) continue;
+      for (Tokens p = chunk.begin_tokens; p < std::min(chunk.end_tokens, length); ++p) {
+        tokens.push_back({sequence.sequence_id, p});  // padding tokens are dropped
+      }
+    }
+  }
+  return tokens;
+}
+
+TokenBatch PlanAttentionEngine::linear_batch(
+    const std::vector<std::vector<std::int32_t>>& documents) const {
+  TokenBatch batch;
+  for (const TokenRef& t : linear_layout_[static_cast<std::size_t>(rank_)]) {
+    const auto& document = documents.at(static_cast<std::size_t>(t.sequence));
+    const auto p = static_cast<std::size_t>(t.position);
+    batch.tokens.push_back(document.at(p));
+    batch.targets.push_back(p + 1 < document.size() ? document[p + 1] : -1);
+    batch.doc.push_back(t.sequence);
+    batch.pos.push_back(t.position);
+  }
+  return batch;
+}
+
+double thread_cpu_s() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+void PlanAttentionEngine::timed_wait(const char* name, const std::function<void()>& wait) {
+  const double start = MPI_Wtime();
+  const double cpu_start = thread_cpu_s();
+  wait();
+  const double duration = MPI_Wtime() - start;
+  stats_.wait_s += duration;
+  stats_.wait_cpu_s += thread_cpu_s() - cpu_start;
+  stats_.waits.push_back({name, start, duration});
+}
+
+void PlanAttentionEngine::count_sent(int peer, std::int64_t bytes) {
+  if (peer == rank_) return;
+  (plan_.cluster.same_node(rank_, peer) ? stats_.intra_node_bytes_sent
+                                        : stats_.inter_node_bytes_sent) += bytes;
+}
+
+void PlanAttentionEngine::remap(const std::vector<std::vector<TokenRef>>& from,
+                                const std::vector<std::vector<TokenRef>>& to, const float* in,
+                                float* out, int width) {
+  // Owner (rank, index) of every token in `to`, and the source order of what arrives.
+  std::unordered_map<std::int64_t, std::pair<int, int>> to_owner, from_owner;
+  for (int r = 0; r < ranks_; ++r) {
+    const auto& tokens_to = to[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < tokens_to.size(); ++i) to_owner[key_of(tokens_to[i])] = {r, static_cast<int>(i)};
+    const auto& tokens_from = from[static_cast<std::size_t>(r)];
+    for (std::size_t i = 0; i < tokens_from.size(); ++i) from_owner[key_of(tokens_from[i])] = {r, static_cast<int>(i)};
+  }
+  const auto& mine_from = from[static_cast<std::size_t>(rank_)];
+  const auto& mine_to = to[static_cast<std::size_t>(rank_)];
+  std::vector<int> send_counts(static_cast<std::size_t>(ranks_), 0), recv_counts = send_counts;
+  std::vector<std::vector<int>> send_rows(static_cast<std::size_t>(ranks_));
+  for (std::size_t i = 0; i < mine_from.size(); ++i) {
+    send_rows[static_cast<std::size_t>(to_owner.at(key_of(mine_from[i])).first)].push_back(static_cast<int>(i));
+  }
+  // Rows arrive grouped by source, each source's rows in its `from` order.
+  std::vector<std::vector<std::pair<int, int>>> arrivals(static_cast<std::size_t>(ranks_));
+  for (std::size_t i = 0; i < mine_to.size(); ++i) {
+    const auto [source, source_index] = from_owner.at(key_of(mine_to[i]));
+    arrivals[static_cast<std::size_t>(source)].push_back({source_index, static_cast<int>(i)});
+  }
+  std::vector<float> send_buffer, recv_buffer(mine_to.size() * static_cast<std::size_t>(width));
+  std::vector<int> send_displs, recv_displs;
+  for (int r = 0; r < ranks_; ++r) {
+    send_displs.push_back(static_cast<int>(send_buffer.size()));
+    for (int row : send_rows[static_cast<std::size_t>(r)]) {
+      send_buffer.insert(send_buffer.end(), in + static_cast<std::size_t>(row) * width,
+                         in + static_cast<std::size_t>(row + 1) * width);
+    }
+    send_counts[static_cast<std::size_t>(r)] =
+        static_cast<int>(send_rows[static_cast<std::size_t>(r)].size()) * width;
+    count_sent(r, static_cast<std::int64_t>(send_counts[static_cast<std::size_t>(r)]) * 4);
+    auto& from_r = arrivals[static_cast<std::size_t>(r)];
+    std::sort(from_r.begin(), from_r.end());
+    recv_counts[static_cast<std::size_t>(r)] = static_cast<int>(from_r.size()) * width;
+  }
+  std::exclusive_scan(recv_counts.begin(), recv_counts.end(), std::back_inserter(recv_displs), 0);
+  timed_wait("remap", [&] {
+    check_mpi(MPI_Alltoallv(send_buffer.data(), send_counts.data(), send_displs.data(), MPI_FLOAT,
+                            recv_buffer.data(), recv_counts.data(), recv_displs.data(), MPI_FLOAT,
+                            comm_),
+              "MPI_Alltoallv (remap)");
+  });
+  for (int r = 0; r < ranks_; ++r) {
+    const auto& from_r = arrivals[static_cast<std::size_t>(r)];
+    for (std::size_t j = 0; j < from_r.size(); ++j) {
+      const float* row = recv_buffer.data() + recv_displs[static_cast<std::size_t>(r)] + j * width;
+      std::copy(row, row + width, out + static_cast<std::size_t>(from_r[j].second) * width);
+    }
+  }
+}
+
+void PlanAttentionEngine::exchange(const std::vector<std::vector<float>>& send,
+                                   std::vector<std::vector<float>>& recv,
+                                   const std::vector<int>& peers, int tag) {
+  std::vector<MPI_Request> requests;
+  for (std::size_t m = 0; m < peers.size(); ++m) {
+    if (peers[m] == rank_) continue;
+    requests.emplace_back();
+    check_mpi(MPI_Irecv(recv[m].data(), static_cast<int>(recv[m].size()), MPI_FLOAT, peers[m], tag,
+                        comm_, &requests.back()),
+              "MPI_Irecv");
+  }
+  for (std::size_t m = 0; m < peers.size(); ++m) {
+    if (peers[m] == rank_) continue;
+    requests.emplace_back();
+    count_sent(peers[m], static_cast<std::int64_t>(send[m].size()) * 4);
+    check_mpi(MPI_Isend(send[m].data(), static_cast<int>(send[m].size()), MPI_FLOAT, peers[m], tag,
+                        comm_, &requests.back()),
+              "MPI_Isend");
+  }
+  timed_wait("exchange", [&] {
+    check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
+              "MPI_Waitall");
+  });
+}
+
+void PlanAttentionEngine::forward(int layer, const AttentionShape& shape, const TokenBatch& batch,
+                                  const float* q, const float* k, const float* v, float* out) {
+  const auto n = attention_layout_[static_cast<std::size_t>(rank_)].size();
+  BALLAST_CHECK(static_cast<std::size_t>(batch.size()) ==
+                    linear_layout_[static_cast<std::size_t>(rank_)].size(),
+                "the batch must be this engine's linear_batch()");
+  const int qw = shape.heads * shape.head_dim, kw = shape.kv_heads * shape.head_dim;
+  if (saved_.size() <= static_cast<std::size_t>(layer)) saved_.resize(static_cast<std::size_t>(layer) + 1);
+  Saved& saved = saved_[static_cast<std::size_t>(layer)];
+  saved.q.assign(n * qw, 0);
+  saved.k.assign(n * kw, 0);
+  saved.v.assign(n * kw, 0);
+  if (has_layout_) {
+    remap(linear_layout_, attention_layout_, q, saved.q.data(), qw);
+    remap(linear_layout_, attention_layout_, k, saved.k.data(), kw);
+    remap(linear_layout_, attention_layout_, v, saved.v.data(), kw);
+  } else {
+    std::copy(q, q + n * qw, saved.q.begin());
+    std::copy(k, k + n * kw, saved.k.begin());
+    std::copy(v, v + n * kw, saved.v.begin());
+  }
+  saved.out.assign(n * qw, 0);
+  saved.lse.assign(n * static_cast<std::size_t>(shape.heads), -std::numeric_limits<float>::infinity());
+  for (const GroupTokens& mine : my_groups_) run_group_forward(shape, mine, saved);
+  if (has_layout_) {
+    remap(attention_layout_, linear_layout_, saved.out.data(), out, qw);
+  } else {
+    std::copy(saved.out.begin(), saved.out.end(), out);
+  }
+}
+
+void PlanAttentionEngine::backward(int layer, const AttentionShape& shape, const TokenBatch& batch,
+                                   const float* d_out, float* d_q, float* d_k, float* d_v) {
+  const Saved& saved = saved_.at(static_cast<std::size_t>(layer));
+  const auto n = attention_layout_[static_cast<std::size_t>(rank_)].size();
+  BALLAST_CHECK(static_cast<std::size_t>(batch.size()) ==
+                    linear_layout_[static_cast<std::size_t>(rank_)].size(),
+                "the batch must be this engine's linear_batch()");
+  const int qw = shape.heads * shape.head_dim, kw = shape.kv_heads * shape.head_dim;
+  std::vector<float> dout_att(n * qw), dq(n * qw, 0), dk(n * kw, 0), dv(n * kw, 0);
+  if (has_layout_) {
+    remap(linear_layout_, attention_layout_, d_out, dout_att.data(), qw);
+  } else {
+    std::copy(d_out, d_out + n * qw, dout_att.begin());
+  }
+  for (const GroupTokens& mine : my_groups_) {
+    run_group_backward(shape, mine, saved, dout_att.data(), dq.data(), dk.data(), dv.data());
+  }
+  if (has_layout_) {
+    remap(attention_layout_, linear_layout_, dq.data(), d_q, qw);
+    remap(attention_layout_, linear_layout_, dk.data(), d_k, kw);
+    remap(attention_layout_, linear_layout_, dv.data(), d_v, kw);
+  } else {
+    std::copy(dq.begin(), dq.end(), d_q);
+    std::copy(dk.begin(), dk.end(), d_k);
+    std::copy(dv.begin(), dv.end(), d_v);
+  }
+}
+
+}  // namespace ballast::runtime

@@ -1,0 +1,479 @@
+// The attention schemes of PlanAttentionEngine (plan_engine.hpp): local, ring, all_gather
+// and ulysses, forward and backward, on this rank's tokens of one group.
+#include <algorithm>
+#include <utility>
+
+#include "ballast/error.hpp"
+#include "ballast/runtime/mpi.hpp"
+#include "ballast/runtime/plan_engine.hpp"
+
+namespace ballast::runtime {
+
+namespace {
+
+// Tag phases: a ring shift uses its phase for direct parts and phase + 1..3 for the
+// stages of routed parts (dispatch, NIC, combine).
+constexpr int kForward = 0, kBackward = 4, kBackwardReturn = 8, kForwardBack = 12,
+              kBackwardBack = 13;
+constexpr int kPhasesPerGroup = 16;
+
+int tag_of(int group, int phase) {
+  const int tag = kPhasesPerGroup * group + phase;
+  BALLAST_CHECK(tag <= 32767, "too many groups in one micro-batch for MPI tags (at most 2047)");
+  return tag;
+}
+
+struct Member {
+  std::vector<std::int64_t> doc, pos;
+  int size() const { return static_cast<int>(doc.size()); }
+  TokenSpan span() const { return {doc.data(), pos.data(), size()}; }
+};
+
+std::size_t rows(int count, int width) {
+  return static_cast<std::size_t>(count) * static_cast<std::size_t>(width);
+}
+
+}  // namespace
+
+void PlanAttentionEngine::ring_shift(const AttentionGroup& group, int group_index,
+                                     const std::vector<std::size_t>& sizes, const float* send,
+                                     float* recv, int phase, const std::function<void()>& compute) {
+  const Cluster& cluster = plan_.cluster;
+  const int g = static_cast<int>(group.ranks.size());
+  const int i = static_cast<int>(std::find(group.ranks.begin(), group.ranks.end(), rank_) - group.ranks.begin());
+  const int next = group.ranks[static_cast<std::size_t>((i + 1) % g)];
+  const int prev = group.ranks[static_cast<std::size_t>((i - 1 + g) % g)];
+  const int k = std::min(group.routing_proxies, cluster.nics_per_node);
+  const int gpus = cluster.gpus_per_node;
+  const auto proxy = [&](int rank, int t) {  // as the simulator: t-th other NIC of the node
+    return cluster.node_of(rank) * gpus + (rank % gpus + t * cluster.gpus_per_nic()) % gpus;
+  };
+  const auto member = [&](int rank) {
+    return std::find(group.ranks.begin(), group.ranks.end(), rank) != group.ranks.end();
+  };
+  const auto routed = [&](int m) {
+    const int src = group.ranks[static_cast<std::size_t>(m)];
+    const int dst = group.ranks[static_cast<std::size_t>((m + 1) % g)];
+    if (k <= 1 || cluster.same_node(src, dst)) return false;
+    for (int t = 1; t < k; ++t) {
+      if (!member(proxy(src, t)) || !member(proxy(dst, t))) return false;
+    }
+    return true;
+  };
+  const auto part = [&](std::size_t total, int t) {
+    const std::size_t share = (total + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
+    const std::size_t begin = std::min(total, static_cast<std::size_t>(t) * share);
+    return std::pair{begin, std::min(total, begin + share)};
+  };
+  const int tag = tag_of(group_index, phase);
+  std::vector<MPI_Request> requests;
+  const auto post_recv = [&](float* data, std::size_t count, int source, int t) {
+    requests.emplace_back();
+    check_mpi(MPI_Irecv(data, static_cast<int>(count), MPI_FLOAT, source, t, comm_, &requests.back()),
+              "MPI_Irecv (ring)");
+  };
+  const auto post_send = [&](const float* data, std::size_t count, int dest, int t) {
+    requests.emplace_back();
+    count_sent(dest, static_cast<std::int64_t>(count) * 4);
+    check_mpi(MPI_Isend(data, static_cast<int>(count), MPI_FLOAT, dest, t, comm_, &requests.back()),
+              "MPI_Isend (ring)");
+  };
+  // This rank's incoming block.
+  const int from = (i - 1 + g) % g;
+  if (routed(from)) {
+    for (int t = 0; t < k; ++t) {
+      const auto [b, e] = part(sizes[static_cast<std::size_t>(from)], t);
+      if (e > b) post_recv(recv + b, e - b, t == 0 ? prev : proxy(rank_, t), t == 0 ? tag : tag + 3);
+    }
+  } else {
+    post_recv(recv, sizes[static_cast<std::size_t>(from)], prev, tag);
+  }
+  // Relays this rank does for routed hops of the ring (stage 1 as the source-side proxy,
+  // stage 2 as the destination-side proxy).
+  struct Relay {
+    std::vector<float> data;
+    int to = 0;
+    int tag = 0;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::vector<Relay> relays;
+  for (int m = 0; m < g; ++m) {
+    if (!routed(m)) continue;
+    const int src = group.ranks[static_cast<std::size_t>(m)];
+    const int dst = group.ranks[static_cast<std::size_t>((m + 1) % g)];
+    for (int t = 1; t < k; ++t) {
+      const auto [b, e] = part(sizes[static_cast<std::size_t>(m)], t);
+      if (e == b) continue;
+      if (proxy(src, t) == rank_) relays.push_back({std::vector<float>(e - b), proxy(dst, t), tag + 2});
+      if (proxy(dst, t) == rank_) relays.push_back({std::vector<float>(e - b), dst, tag + 3});
+      Relay* relay = proxy(src, t) == rank_ || proxy(dst, t) == rank_ ? &relays.back() : nullptr;
+      if (relay == nullptr) continue;
+      const int source = proxy(src, t) == rank_ ? src : proxy(src, t);
+      check_mpi(MPI_Irecv(relay->data.data(), static_cast<int>(relay->data.size()), MPI_FLOAT, source,
+                          relay->tag - 1, comm_, &relay->request),
+                "MPI_Irecv (relay)");
+    }
+  }
+  // This rank's outgoing block.
+  if (routed(i)) {
+    for (int t = 0; t < k; ++t) {
+      const auto [b, e] = part(sizes[static_cast<std::size_t>(i)], t);
+      if (e > b) post_send(send + b, e - b, t == 0 ? next : proxy(rank_, t), t == 0 ? tag : tag + 1);
+    }
+  } else {
+    post_send(send, sizes[static_cast<std::size_t>(i)], next, tag);
+  }
+  compute();
+  timed_wait("ring", [&] {
+    std::vector<MPI_Request> relay_requests;
+    for (const Relay& relay : relays) relay_requests.push_back(relay.request);
+    for (std::size_t done = 0; done < relays.size(); ++done) {
+      int index = MPI_UNDEFINED;
+      check_mpi(MPI_Waitany(static_cast<int>(relay_requests.size()), relay_requests.data(), &index,
+                            MPI_STATUS_IGNORE),
+                "MPI_Waitany (relay)");
+      const Relay& relay = relays[static_cast<std::size_t>(index)];
+      post_send(relay.data.data(), relay.data.size(), relay.to, relay.tag);
+    }
+    check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
+              "MPI_Waitall (ring)");
+  });
+}
+
+void PlanAttentionEngine::run_group_forward(const AttentionShape& shape, const GroupTokens& mine,
+                                            Saved& saved) {
+  const AttentionGroup& group = micro_batch_.groups[static_cast<std::size_t>(mine.group)];
+  const int g = static_cast<int>(group.ranks.size());
+  const int i = static_cast<int>(std::find(group.ranks.begin(), group.ranks.end(), rank_) - group.ranks.begin());
+  const int hd = shape.head_dim, qw = shape.heads * hd, kw = shape.kv_heads * hd;
+  const float* q = saved.q.data() + rows(mine.first, qw);
+  const float* k = saved.k.data() + rows(mine.first, kw);
+  const float* v = saved.v.data() + rows(mine.first, kw);
+  float* out = saved.out.data() + rows(mine.first, qw);
+  float* lse = saved.lse.data() + rows(mine.first, shape.heads);
+  std::vector<Member> members(static_cast<std::size_t>(g));
+  for (int m = 0; m < g; ++m) {
+    for (const TokenRef& t : group_tokens(group, group.ranks[static_cast<std::size_t>(m)])) {
+      members[static_cast<std::size_t>(m)].doc.push_back(t.sequence);
+      members[static_cast<std::size_t>(m)].pos.push_back(t.position);
+    }
+  }
+  const Member& me = members[static_cast<std::size_t>(i)];
+  BALLAST_CHECK(me.size() == mine.count, "group token counts must agree");
+  AttentionAccumulator accumulator;
+  const int tag = tag_of(mine.group, kForward);
+
+  if (g == 1 || group.scheme == Scheme::local) {
+    accumulator.reset(mine.count, shape);
+    attention_forward_accumulate(shape, q, me.span(), k, v, me.span(), accumulator);
+    attention_forward_finalize(shape, accumulator, out, lse);
+    return;
+  }
+  if (group.scheme == Scheme::ring) {
+    std::vector<float> current(2 * rows(mine.count, kw)), incoming;
+    std::copy(k, k + rows(mine.count, kw), current.begin());
+    std::copy(v, v + rows(mine.count, kw), current.begin() + static_cast<std::ptrdiff_t>(rows(mine.count, kw)));
+    accumulator.reset(mine.count, shape);
+    for (int j = 0; j < g; ++j) {
+      const Member& owner = members[static_cast<std::size_t>((i - j + g) % g)];
+      const auto compute = [&] {
+        attention_forward_accumulate(shape, q, me.span(), current.data(),
+                                     current.data() + rows(owner.size(), kw), owner.span(), accumulator);
+      };
+      if (j + 1 == g) {
+        compute();
+        break;
+      }
+      // Member m now holds owner (m - j)'s block and passes it on while computing on it.
+      std::vector<std::size_t> sizes(static_cast<std::size_t>(g));
+      for (int m = 0; m < g; ++m) {
+        sizes[static_cast<std::size_t>(m)] = 2 * rows(members[static_cast<std::size_t>((m - j + g) % g)].size(), kw);
+      }
+      incoming.assign(sizes[static_cast<std::size_t>((i - 1 + g) % g)], 0);
+      ring_shift(group, mine.group, sizes, current.data(), incoming.data(), kForward, compute);
+      std::swap(current, incoming);
+    }
+    attention_forward_finalize(shape, accumulator, out, lse);
+    return;
+  }
+  if (group.scheme == Scheme::all_gather) {
+    std::vector<std::vector<float>> send(static_cast<std::size_t>(g)), recv(static_cast<std::size_t>(g));
+    std::vector<float> block(2 * rows(mine.count, kw));
+    std::copy(k, k + rows(mine.count, kw), block.begin());
+    std::copy(v, v + rows(mine.count, kw), block.begin() + static_cast<std::ptrdiff_t>(rows(mine.count, kw)));
+    for (int m = 0; m < g; ++m) {
+      send[static_cast<std::size_t>(m)] = block;
+      recv[static_cast<std::size_t>(m)].assign(2 * rows(members[static_cast<std::size_t>(m)].size(), kw), 0);
+    }
+    exchange(send, recv, group.ranks, tag);
+    recv[static_cast<std::size_t>(i)] = block;
+    accumulator.reset(mine.count, shape);
+    for (int m = 0; m < g; ++m) {
+      const auto& b = recv[static_cast<std::size_t>(m)];
+      const Member& member = members[static_cast<std::size_t>(m)];
+      attention_forward_accumulate(shape, q, me.span(), b.data(), b.data() + rows(member.size(), kw),
+                                   member.span(), accumulator);
+    }
+    attention_forward_finalize(shape, accumulator, out, lse);
+    return;
+  }
+  // Ulysses: member m computes heads [m * hs, (m + 1) * hs) (KV heads [m * ks, ...)) of
+  // every token of the group, in member order.
+  BALLAST_CHECK(shape.heads % g == 0 && shape.kv_heads % g == 0,
+                "a validated plan's Ulysses degree divides the heads and KV heads");
+  const int hs = shape.heads / g, ks = shape.kv_heads / g;
+  const int width = (hs + 2 * ks) * hd;
+  std::vector<std::vector<float>> send(static_cast<std::size_t>(g)), recv(static_cast<std::size_t>(g));
+  for (int m = 0; m < g; ++m) {
+    auto& s = send[static_cast<std::size_t>(m)];
+    s.resize(rows(mine.count, width));
+    for (int r = 0; r < mine.count; ++r) {
+      float* row = s.data() + rows(r, width);
+      std::copy_n(q + (rows(r, shape.heads) + m * hs) * hd, hs * hd, row);
+      std::copy_n(k + (rows(r, shape.kv_heads) + m * ks) * hd, ks * hd, row + hs * hd);
+      std::copy_n(v + (rows(r, shape.kv_heads) + m * ks) * hd, ks * hd, row + (hs + ks) * hd);
+    }
+    recv[static_cast<std::size_t>(m)].assign(rows(members[static_cast<std::size_t>(m)].size(), width), 0);
+  }
+  exchange(send, recv, group.ranks, tag);
+  recv[static_cast<std::size_t>(i)] = send[static_cast<std::size_t>(i)];
+  Member all;
+  std::vector<float> qh, kh, vh;
+  for (int m = 0; m < g; ++m) {
+    const Member& member = members[static_cast<std::size_t>(m)];
+    all.doc.insert(all.doc.end(), member.doc.begin(), member.doc.end());
+    all.pos.insert(all.pos.end(), member.pos.begin(), member.pos.end());
+    const auto& b = recv[static_cast<std::size_t>(m)];
+    for (int r = 0; r < member.size(); ++r) {
+      const float* row = b.data() + rows(r, width);
+      qh.insert(qh.end(), row, row + hs * hd);
+      kh.insert(kh.end(), row + hs * hd, row + (hs + ks) * hd);
+      vh.insert(vh.end(), row + (hs + ks) * hd, row + (hs + 2 * ks) * hd);
+    }
+  }
+  const AttentionShape part{hs, ks, hd};
+  accumulator.reset(all.size(), part);
+  attention_forward_accumulate(part, qh.data(), all.span(), kh.data(), vh.data(), all.span(), accumulator);
+  std::vector<float> out_h(rows(all.size(), hs * hd)), lse_h(rows(all.size(), hs));
+  attention_forward_finalize(part, accumulator, out_h.data(), lse_h.data());
+  // Back to the owners: each token's output and lse for this member's heads.
+  const int back_width = hs * hd + hs;
+  std::vector<std::vector<float>> back(static_cast<std::size_t>(g)), home(static_cast<std::size_t>(g));
+  int offset = 0;
+  for (int m = 0; m < g; ++m) {
+    const int n_m = members[static_cast<std::size_t>(m)].size();
+    auto& b = back[static_cast<std::size_t>(m)];
+    for (int r = offset; r < offset + n_m; ++r) {
+      b.insert(b.end(), out_h.begin() + static_cast<std::ptrdiff_t>(rows(r, hs * hd)),
+               out_h.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, hs * hd)));
+      b.insert(b.end(), lse_h.begin() + static_cast<std::ptrdiff_t>(rows(r, hs)),
+               lse_h.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, hs)));
+    }
+    offset += n_m;
+    home[static_cast<std::size_t>(m)].assign(rows(mine.count, back_width), 0);
+  }
+  exchange(back, home, group.ranks, tag_of(mine.group, kForwardBack));
+  home[static_cast<std::size_t>(i)] = back[static_cast<std::size_t>(i)];
+  for (int m = 0; m < g; ++m) {
+    const auto& h = home[static_cast<std::size_t>(m)];
+    for (int r = 0; r < mine.count; ++r) {
+      const float* row = h.data() + rows(r, back_width);
+      std::copy_n(row, hs * hd, out + (rows(r, shape.heads) + m * hs) * hd);
+      std::copy_n(row + hs * hd, hs, lse + rows(r, shape.heads) + m * hs);
+    }
+  }
+}
+
+void PlanAttentionEngine::run_group_backward(const AttentionShape& shape, const GroupTokens& mine,
+                                             const Saved& saved, const float* d_out_all,
+                                             float* d_q_all, float* d_k_all, float* d_v_all) {
+  const AttentionGroup& group = micro_batch_.groups[static_cast<std::size_t>(mine.group)];
+  const int g = static_cast<int>(group.ranks.size());
+  const int i = static_cast<int>(std::find(group.ranks.begin(), group.ranks.end(), rank_) - group.ranks.begin());
+  const int hd = shape.head_dim, qw = shape.heads * hd, kw = shape.kv_heads * hd;
+  const std::size_t q0 = rows(mine.first, qw), k0 = rows(mine.first, kw);
+  const float* q = saved.q.data() + q0;
+  const float* k = saved.k.data() + k0;
+  const float* v = saved.v.data() + k0;
+  const float* out = saved.out.data() + q0;
+  const float* lse = saved.lse.data() + rows(mine.first, shape.heads);
+  const float* d_out = d_out_all + q0;
+  float* d_q = d_q_all + q0;
+  float* d_k = d_k_all + k0;
+  float* d_v = d_v_all + k0;
+  std::vector<Member> members(static_cast<std::size_t>(g));
+  for (int m = 0; m < g; ++m) {
+    for (const TokenRef& t : group_tokens(group, group.ranks[static_cast<std::size_t>(m)])) {
+      members[static_cast<std::size_t>(m)].doc.push_back(t.sequence);
+      members[static_cast<std::size_t>(m)].pos.push_back(t.position);
+    }
+  }
+  const Member& me = members[static_cast<std::size_t>(i)];
+  const int tag = tag_of(mine.group, kBackward);
+
+  if (g == 1 || group.scheme == Scheme::local || group.scheme == Scheme::ring ||
+      group.scheme == Scheme::all_gather) {
+    std::vector<float> delta(rows(mine.count, shape.heads));
+    attention_backward_delta(shape, mine.count, out, d_out, delta.data());
+    if (g == 1 || group.scheme == Scheme::local) {
+      attention_backward_accumulate(shape, q, d_out, lse, delta.data(), me.span(), k, v, me.span(),
+                                    d_q, d_k, d_v);
+      return;
+    }
+    if (group.scheme == Scheme::ring) {
+      // The travelling buffer [k | v | dk | dv] of the block's owner; dK/dV accumulate as
+      // the block goes round and a final send returns them to the owner.
+      const std::size_t mine_rows = rows(mine.count, kw);
+      std::vector<float> current(4 * mine_rows, 0), incoming;
+      std::copy(k, k + mine_rows, current.begin());
+      std::copy(v, v + mine_rows, current.begin() + static_cast<std::ptrdiff_t>(mine_rows));
+      for (int j = 0; j < g; ++j) {
+        const Member& owner = members[static_cast<std::size_t>((i - j + g) % g)];
+        const std::size_t n = rows(owner.size(), kw);
+        attention_backward_accumulate(shape, q, d_out, lse, delta.data(), me.span(), current.data(),
+                                      current.data() + n, owner.span(), d_q, current.data() + 2 * n,
+                                      current.data() + 3 * n);
+        if (j + 1 == g) break;
+        std::vector<std::size_t> sizes(static_cast<std::size_t>(g));
+        for (int m = 0; m < g; ++m) {
+          sizes[static_cast<std::size_t>(m)] = 4 * rows(members[static_cast<std::size_t>((m - j + g) % g)].size(), kw);
+        }
+        incoming.assign(sizes[static_cast<std::size_t>((i - 1 + g) % g)], 0);
+        ring_shift(group, mine.group, sizes, current.data(), incoming.data(), kBackward, [] {});
+        std::swap(current, incoming);
+      }
+      // Member m now holds owner (m + 1)'s block: one more shift returns each block's
+      // dK/dV to its owner.
+      std::vector<std::size_t> sizes(static_cast<std::size_t>(g));
+      for (int m = 0; m < g; ++m) {
+        sizes[static_cast<std::size_t>(m)] = 2 * rows(members[static_cast<std::size_t>((m + 1) % g)].size(), kw);
+      }
+      const std::size_t n_next = rows(members[static_cast<std::size_t>((i + 1) % g)].size(), kw);
+      const std::vector<float> returning(current.begin() + static_cast<std::ptrdiff_t>(2 * n_next), current.end());
+      std::vector<float> own(2 * mine_rows, 0);
+      ring_shift(group, mine.group, sizes, returning.data(), own.data(), kBackwardReturn, [] {});
+      for (std::size_t x = 0; x < mine_rows; ++x) {
+        d_k[x] += own[x];
+        d_v[x] += own[mine_rows + x];
+      }
+      return;
+    }
+    // all_gather: gather KV again (as LLaMA-3 CP does), dK/dV partials back to their owners.
+    std::vector<std::vector<float>> send(static_cast<std::size_t>(g)), recv(static_cast<std::size_t>(g));
+    std::vector<float> block(2 * rows(mine.count, kw));
+    std::copy(k, k + rows(mine.count, kw), block.begin());
+    std::copy(v, v + rows(mine.count, kw), block.begin() + static_cast<std::ptrdiff_t>(rows(mine.count, kw)));
+    for (int m = 0; m < g; ++m) {
+      send[static_cast<std::size_t>(m)] = block;
+      recv[static_cast<std::size_t>(m)].assign(2 * rows(members[static_cast<std::size_t>(m)].size(), kw), 0);
+    }
+    exchange(send, recv, group.ranks, tag);
+    recv[static_cast<std::size_t>(i)] = block;
+    std::vector<std::vector<float>> partial(static_cast<std::size_t>(g)), mine_parts(static_cast<std::size_t>(g));
+    for (int m = 0; m < g; ++m) {
+      const Member& member = members[static_cast<std::size_t>(m)];
+      const auto& b = recv[static_cast<std::size_t>(m)];
+      const std::size_t n = rows(member.size(), kw);
+      auto& p = partial[static_cast<std::size_t>(m)];
+      p.assign(2 * n, 0);
+      attention_backward_accumulate(shape, q, d_out, lse, delta.data(), me.span(), b.data(),
+                                    b.data() + n, member.span(), d_q, p.data(), p.data() + n);
+      mine_parts[static_cast<std::size_t>(m)].assign(2 * rows(mine.count, kw), 0);
+    }
+    exchange(partial, mine_parts, group.ranks, tag_of(mine.group, kBackwardBack));
+    mine_parts[static_cast<std::size_t>(i)] = partial[static_cast<std::size_t>(i)];
+    const std::size_t mine_rows = rows(mine.count, kw);
+    for (int m = 0; m < g; ++m) {  // fixed member order: the same sum on every run
+      const auto& p = mine_parts[static_cast<std::size_t>(m)];
+      for (std::size_t x = 0; x < mine_rows; ++x) {
+        d_k[x] += p[x];
+        d_v[x] += p[mine_rows + x];
+      }
+    }
+    return;
+  }
+  // Ulysses backward: the same head exchange with out, dO and lse, then dQ/dK/dV back.
+  const int hs = shape.heads / g, ks = shape.kv_heads / g;
+  const int width = (3 * hs + 2 * ks) * hd + hs;  // q, k, v, out, dO, lse
+  std::vector<std::vector<float>> send(static_cast<std::size_t>(g)), recv(static_cast<std::size_t>(g));
+  for (int m = 0; m < g; ++m) {
+    auto& s = send[static_cast<std::size_t>(m)];
+    s.resize(rows(mine.count, width));
+    for (int r = 0; r < mine.count; ++r) {
+      float* row = s.data() + rows(r, width);
+      std::copy_n(q + (rows(r, shape.heads) + m * hs) * hd, hs * hd, row);
+      row += hs * hd;
+      std::copy_n(k + (rows(r, shape.kv_heads) + m * ks) * hd, ks * hd, row);
+      row += ks * hd;
+      std::copy_n(v + (rows(r, shape.kv_heads) + m * ks) * hd, ks * hd, row);
+      row += ks * hd;
+      std::copy_n(out + (rows(r, shape.heads) + m * hs) * hd, hs * hd, row);
+      row += hs * hd;
+      std::copy_n(d_out + (rows(r, shape.heads) + m * hs) * hd, hs * hd, row);
+      row += hs * hd;
+      std::copy_n(lse + rows(r, shape.heads) + m * hs, hs, row);
+    }
+    recv[static_cast<std::size_t>(m)].assign(rows(members[static_cast<std::size_t>(m)].size(), width), 0);
+  }
+  exchange(send, recv, group.ranks, tag);
+  recv[static_cast<std::size_t>(i)] = send[static_cast<std::size_t>(i)];
+  Member all;
+  std::vector<float> qh, kh, vh, oh, doh, lh;
+  for (int m = 0; m < g; ++m) {
+    const Member& member = members[static_cast<std::size_t>(m)];
+    all.doc.insert(all.doc.end(), member.doc.begin(), member.doc.end());
+    all.pos.insert(all.pos.end(), member.pos.begin(), member.pos.end());
+    const auto& b = recv[static_cast<std::size_t>(m)];
+    for (int r = 0; r < member.size(); ++r) {
+      const float* row = b.data() + rows(r, width);
+      qh.insert(qh.end(), row, row + hs * hd);
+      row += hs * hd;
+      kh.insert(kh.end(), row, row + ks * hd);
+      row += ks * hd;
+      vh.insert(vh.end(), row, row + ks * hd);
+      row += ks * hd;
+      oh.insert(oh.end(), row, row + hs * hd);
+      row += hs * hd;
+      doh.insert(doh.end(), row, row + hs * hd);
+      row += hs * hd;
+      lh.insert(lh.end(), row, row + hs);
+    }
+  }
+  const AttentionShape part{hs, ks, hd};
+  const int n_all = all.size();
+  std::vector<float> delta(rows(n_all, hs)), dqh(rows(n_all, hs * hd), 0), dkh(rows(n_all, ks * hd), 0),
+      dvh(rows(n_all, ks * hd), 0);
+  attention_backward_delta(part, n_all, oh.data(), doh.data(), delta.data());
+  attention_backward_accumulate(part, qh.data(), doh.data(), lh.data(), delta.data(), all.span(),
+                                kh.data(), vh.data(), all.span(), dqh.data(), dkh.data(), dvh.data());
+  const int back_width = (hs + 2 * ks) * hd;
+  std::vector<std::vector<float>> back(static_cast<std::size_t>(g)), home(static_cast<std::size_t>(g));
+  int offset = 0;
+  for (int m = 0; m < g; ++m) {
+    const int n_m = members[static_cast<std::size_t>(m)].size();
+    auto& b = back[static_cast<std::size_t>(m)];
+    for (int r = offset; r < offset + n_m; ++r) {
+      b.insert(b.end(), dqh.begin() + static_cast<std::ptrdiff_t>(rows(r, hs * hd)), dqh.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, hs * hd)));
+      b.insert(b.end(), dkh.begin() + static_cast<std::ptrdiff_t>(rows(r, ks * hd)), dkh.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, ks * hd)));
+      b.insert(b.end(), dvh.begin() + static_cast<std::ptrdiff_t>(rows(r, ks * hd)), dvh.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, ks * hd)));
+    }
+    offset += n_m;
+    home[static_cast<std::size_t>(m)].assign(rows(mine.count, back_width), 0);
+  }
+  exchange(back, home, group.ranks, tag_of(mine.group, kBackwardBack));
+  home[static_cast<std::size_t>(i)] = back[static_cast<std::size_t>(i)];
+  for (int m = 0; m < g; ++m) {
+    const auto& h = home[static_cast<std::size_t>(m)];
+    for (int r = 0; r < mine.count; ++r) {
+      const float* row = h.data() + rows(r, back_width);
+      float* dq_row = d_q + (rows(r, shape.heads) + m * hs) * hd;
+      float* dk_row = d_k + (rows(r, shape.kv_heads) + m * ks) * hd;
+      float* dv_row = d_v + (rows(r, shape.kv_heads) + m * ks) * hd;
+      for (int x = 0; x < hs * hd; ++x) dq_row[x] += row[x];
+      for (int x = 0; x < ks * hd; ++x) dk_row[x] += row[hs * hd + x];
+      for (int x = 0; x < ks * hd; ++x) dv_row[x] += row[(hs + ks) * hd + x];
+    }
+  }
+}
+
+}  // namespace ballast::runtime

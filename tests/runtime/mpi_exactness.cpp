@@ -1,0 +1,177 @@
+// Exactness under MPI: for every strategy, the loss and every parameter gradient of one
+// step executed over the job's ranks equal the single-process reference of the same batch
+// (fp32, norm-wise relative error per tensor under 1e-5). Batches hold one-token
+// documents, odd lengths (no padding to 2g) and a document longer than one rank's memory
+// budget. Run by ctest under mpirun with 2, 4 and 8 ranks; exit 0 only when every
+// strategy matches on every rank's view.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ballast/cost_model.hpp"
+#include "ballast/error.hpp"
+#include "ballast/runtime/model.hpp"
+#include "ballast/runtime/mpi.hpp"
+#include "ballast/runtime/plan_engine.hpp"
+#include "ballast/strategy.hpp"
+#include "ballast/workload.hpp"
+
+namespace {
+
+using namespace ballast;
+using namespace ballast::runtime;
+
+/// The planning model of the runtime's tiny model: same heads (validate checks the Ulysses
+/// degree against them), memory sized so one rank holds ~160 tokens.
+Model planning_model(const ModelConfig& config) {
+  Model model;
+  model.name = "runtime-test";
+  model.layers = config.layers;
+  model.hidden = config.hidden;
+  model.heads = config.heads;
+  model.kv_heads = config.kv_heads;
+  model.ffn_hidden = config.ffn_hidden;
+  model.vocab = config.vocab;
+  model.bytes_per_element = 4;
+  model.activation_bytes_per_token = 1e6;
+  model.parameters = 1e5;
+  model.provenance = "tests/runtime/mpi_exactness.cpp";
+  return model;
+}
+
+Cluster planning_cluster(int ranks) {
+  Cluster cluster = load_cluster("h100", 1);
+  cluster.name = "runtime-test";
+  cluster.gpus_per_node = ranks >= 2 ? 2 : 1;
+  cluster.nics_per_node = cluster.gpus_per_node;
+  cluster.nodes = ranks / cluster.gpus_per_node;
+  cluster.gpu_memory_bytes = static_cast<Bytes>(200e6);
+  cluster.memory_usable_fraction = 0.9;
+  return cluster;
+}
+
+double relative_error(const float* a, const float* b, std::size_t n) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  int failures = 0;
+  try {
+    ModelConfig config;
+    config.vocab = 64;
+    config.hidden = 64;
+    config.layers = 2;
+    config.heads = 8;
+    config.kv_heads = 4;  // GQA: Ulysses groups of up to 4 split the KV heads
+    config.ffn_hidden = 48;
+    const Parameters parameters = init_parameters(config, 7);
+    const auto cost = make_cost_model(load_cost_model_spec("analytical"), planning_cluster(ranks),
+                                      planning_model(config));
+    const Tokens capacity = cost->token_capacity_per_rank();
+    // One-token documents, odd lengths, and (batch 0 only) a document longer than one
+    // rank's memory budget; packed-dp never splits, so it runs batch 1 only.
+    std::uint64_t state = 11;
+    std::vector<std::vector<Tokens>> batches_lengths(2);
+    batches_lengths[0] = {1, 3, 17, 1, 64, 129, capacity + 7, 5, 1, 33, 77, 250};
+    batches_lengths[1] = {1, 1, 2, 9, 31, 64, 100, 127, 3, 1};
+    for (auto& lengths : batches_lengths) {
+      while (lengths.size() < 24) lengths.push_back(1 + static_cast<Tokens>(uniform_below(state, 120)));
+    }
+    std::vector<std::pair<std::string, int>> specs = {
+        {"packed-dp", 1},       {"static-cp", 0},
+        {"static-cp-allgather", 0},
+        {"static-ulysses", 0},  {"batch-adaptive", 1},
+        {"hybrid-dp", 0},       {"flexsp-fast", 0},
+        {"zeppelin", 0},        {"zeppelin:remap=on:partition=even", 0},
+        {"zeppelin:remap=on", 0}};
+    // Rings over two emulated nodes (2 GPUs each) with every inter-node hop routed.
+    if (ranks >= 4) specs.push_back({"zeppelin:partition=even:degree=4:routing=on", 0});
+    for (const auto& [text, which] : specs) {
+      const std::vector<Tokens>& lengths = batches_lengths[static_cast<std::size_t>(which)];
+      const Batch batch = make_batch(lengths, which);
+      std::vector<std::vector<std::int32_t>> documents;
+      std::uint64_t token_state = 100 + static_cast<std::uint64_t>(which);
+      for (Tokens length : lengths) {
+        std::vector<std::int32_t> document;
+        for (Tokens t = 0; t < length; ++t) {
+          document.push_back(static_cast<std::int32_t>(uniform_below(token_state, config.vocab)));
+        }
+        documents.push_back(document);
+      }
+      LocalAttentionEngine reference_engine;
+      const StepOutput reference =
+          forward_backward(config, parameters, pack_documents(documents), reference_engine);
+      const StrategySpec spec = parse_strategy_spec(text);
+      const Plan plan = spec.planner->plan(batch, *cost, spec.options);
+      require_valid(plan, *cost, text);
+      std::vector<float> gradients(parameters.values.size(), 0.0f);
+      double loss_sum = 0;
+      std::int64_t targets = 0;
+      for (std::size_t m = 0; m < plan.micro_batches.size(); ++m) {
+        PlanAttentionEngine engine(plan, static_cast<int>(m), MPI_COMM_WORLD);
+        const StepOutput out =
+            forward_backward(config, parameters, engine.linear_batch(documents), engine);
+        for (std::size_t x = 0; x < gradients.size(); ++x) gradients[x] += out.gradients[x];
+        loss_sum += out.loss_sum;
+        targets += out.target_count;
+      }
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, gradients.data(), static_cast<int>(gradients.size()),
+                              MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce (gradients)");
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+                "MPI_Allreduce (loss)");
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &targets, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD),
+                "MPI_Allreduce (targets)");
+      double worst = std::abs(loss_sum - reference.loss_sum) / std::abs(reference.loss_sum);
+      std::string worst_name = "loss";
+      for (const TensorInfo& tensor : parameters.tensors) {
+        const double error = relative_error(gradients.data() + tensor.offset,
+                                            reference.gradients.data() + tensor.offset, tensor.size);
+        if (error > worst) {
+          worst = error;
+          worst_name = tensor.name;
+        }
+      }
+      std::string schemes;
+      for (const MicroBatch& micro_batch : plan.micro_batches) {
+        for (const AttentionGroup& group : micro_batch.groups) {
+          const std::string name = to_string(group.scheme);
+          if (schemes.find(name) == std::string::npos) schemes += (schemes.empty() ? "" : "+") + name;
+        }
+        if (!micro_batch.linear_layout.empty() && schemes.find("remap") == std::string::npos) schemes += "+remap";
+        for (const AttentionGroup& group : micro_batch.groups) {
+          if (group.routing_proxies > 1 && !plan.cluster.same_node(group.ranks.front(), group.ranks.back()) &&
+              schemes.find("routed") == std::string::npos) {
+            schemes += "+routed";
+          }
+        }
+      }
+      const bool ok = worst < 1e-5 && targets == reference.target_count;
+      failures += ok ? 0 : 1;
+      if (rank == 0) {
+        std::printf("%-34s %-28s %zu micro-batches, loss %.6f, max relative error %.2e (%s)%s\n",
+                    text.c_str(), schemes.c_str(), plan.micro_batches.size(), loss_sum / targets,
+                    worst, worst_name.c_str(), ok ? "" : "  FAILED");
+      }
+    }
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, error.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}
