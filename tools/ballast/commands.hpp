@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ballast/runtime/run.hpp"
 #include "options.hpp"
 
 namespace ballast::cli {
@@ -40,6 +41,12 @@ struct CompareArgs {
 /// even splitting without padding, + routing, + hierarchical partitioning and the engine,
 /// + remapping; and the full system without routing.
 std::vector<std::string> ablation_ladder();
+struct RunArgs {
+  WorkloadFlags workload;
+  OutputFlags output;
+  runtime::RunOptions options;
+  std::string trace_path;
+};
 struct ValidateArgs {
   std::string plan_path;
   std::string format = "text";
@@ -50,5 +57,7 @@ int run_plan(const PlanArgs& args);
 int run_simulate(const SimulateArgs& args);
 int run_compare(const CompareArgs& args);
 int run_validate(const ValidateArgs& args);
+/// Under mpirun: initialises MPI, runs, finalises; a failing rank aborts the job.
+int run_run(const RunArgs& args);
 
 }  // namespace ballast::cli

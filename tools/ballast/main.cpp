@@ -58,6 +58,40 @@ int run(int argc, char** argv) {
                    "  ballast simulate --plan plan.json --trace trace.json\n"
                    "  ballast simulate --strategy hybrid-dp --steps 4 --format csv -o ranks.csv");
 
+  RunArgs run_args;
+  auto* run_command = app.add_subcommand(
+      "run", "train the runtime's model over MPI on a plan's placement (launch under mpirun -np N)");
+  add_workload_flags(*run_command, run_args.workload);
+  add_output_flags(*run_command, run_args.output, false);
+  run_command->add_option("--strategy", run_args.options.strategy,
+                          "strategy spec to plan each step with [default: zeppelin]");
+  run_command->add_option("--plan", run_args.options.plan_path, "run plans written by `ballast plan` instead");
+  run_command->add_flag("--check", run_args.options.check,
+                        "also run the single-process reference and report the largest relative "
+                        "difference of the loss and every gradient tensor");
+  run_command->add_option("--trace", run_args.trace_path, "write the first step's measured Chrome trace");
+  run_command->add_option("--hidden", run_args.options.model.hidden, "model width [default: 64]");
+  run_command->add_option("--layers", run_args.options.model.layers, "layers [default: 2]");
+  run_command->add_option("--heads", run_args.options.model.heads, "query heads [default: 4]");
+  run_command->add_option("--kv-heads", run_args.options.model.kv_heads, "KV heads (GQA) [default: 2]");
+  run_command->add_option("--ffn", run_args.options.model.ffn_hidden, "SwiGLU hidden size [default: 172]");
+  run_command->add_flag("--untied", [&](std::int64_t) { run_args.options.model.tied_embeddings = false; },
+                        "separate LM head instead of the tied embedding");
+  run_command->add_option("--length-scale", run_args.options.length_scale,
+                          "divide sampled document lengths by this [default: 64]");
+  run_command->add_option("--rank-tokens", run_args.options.rank_tokens,
+                          "per-rank memory budget in tokens, for planning [default: 4096]");
+  run_command->add_option("--gpus-per-node", run_args.options.gpus_per_node,
+                          "ranks per emulated node [default: 2]");
+  run_command->add_option("--corpus", run_args.options.corpus,
+                          "text file or directory [default: /usr/share/common-licenses]");
+  run_command->add_option("--learning-rate", run_args.options.adamw.learning_rate, "AdamW [default: 1e-3]");
+  run_command->footer("examples:\n"
+                      "  mpirun -np 4 ballast run --strategy zeppelin --check\n"
+                      "  mpirun -np 8 ballast run --strategy packed-dp --dataset wlbllm --steps 3 --format json\n"
+                      "  ballast plan --strategy hybrid-dp ... -o p.json && mpirun -np 8 ballast run --plan p.json\n"
+                      "(as root add --allow-run-as-root; with more ranks than cores add --oversubscribe)");
+
   CompareArgs compare_args;
   auto* compare = app.add_subcommand("compare", "compare strategies on the same batches: step time, gap to "
                                                 "the lower bound, speedup, imbalance, memory, planner latency");
@@ -89,6 +123,7 @@ int run(int argc, char** argv) {
   if (plan->parsed()) return run_plan(plan_args);
   if (validate->parsed()) return run_validate(validate_args);
   if (simulate->parsed()) return run_simulate(simulate_args);
+  if (run_command->parsed()) return run_run(run_args);
   return run_compare(compare_args);
 }
 

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# End-to-end checks of `ballast run` under mpiexec: exactness against the single-process
+# reference (--check), the JSON keys, a plan that does not match the job, and a failing
+# rank taking the job down with its message instead of hanging.
+# Usage: run_test.sh PATH/TO/ballast MPIEXEC [MPIEXEC FLAGS...]
+set -uo pipefail
+ballast="$1"
+mpiexec="$2"
+shift 2
+flags=("$@")
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+check() {
+  local name="$1"; shift
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name" >&2; fi
+}
+run() { local out="$1" err="$2"; shift 2; timeout 120 "$mpiexec" "${flags[@]}" "$@" >"$out" 2>"$err"; echo $?; }
+has() { grep -q -- "$2" "$1" || { echo "  '$1' lacks '$2':" >&2; head -5 "$1" >&2; cat "$work/err" >&2; return 1; }; }
+exact() {  # exact FILE: the JSON's max_rel_error is below 1e-5 and it has the documented keys
+  /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))
+for key in ("strategy", "ranks", "steps", "loss", "max_rel_error", "imbalance", "step_wall_s"):
+    assert key in run, key
+assert run["max_rel_error"] < 1e-5, run["max_rel_error"]
+assert run["imbalance"] >= 1.0
+PY
+}
+
+code=$(run "$work/zeppelin.json" "$work/err" -np 2 "$ballast" run --check --format json)
+check "run (zeppelin, 2 ranks) exits 0" test "$code" = 0
+check "run (zeppelin, 2 ranks) is exact" exact "$work/zeppelin.json"
+code=$(run "$work/cp.json" "$work/err" -np 4 "$ballast" run --strategy static-cp --steps 2 --check --format json)
+check "run (static-cp, 4 ranks, 2 steps) exits 0" test "$code" = 0
+check "run (static-cp, 4 ranks) is exact" exact "$work/cp.json"
+code=$(run "$work/text.txt" "$work/err" -np 2 "$ballast" run --strategy hybrid-dp --trace "$work/trace.json")
+check "run text exits 0" test "$code" = 0
+check "run text has the rank table" has "$work/text.txt" "busy (s)"
+check "run trace parses" /usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))['traceEvents']" "$work/trace.json"
+
+"$ballast" plan --strategy static-cp --nodes 1 --tokens-per-step 100000 -o "$work/plan.json" 2>"$work/err"
+code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --plan "$work/plan.json")
+check "a plan for another job exits non-zero" test "$code" != 0
+check "a plan for another job names the fix" has "$work/err" "mpirun -np 8"
+code=$(run "$work/out" "$work/err" -np 4 "$ballast" run --gpus-per-node 3)
+check "bad option exits non-zero" test "$code" != 0
+check "bad option names itself" has "$work/err" "--gpus-per-node 3"
+code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --corpus "$work/no-such-corpus")
+check "missing corpus exits non-zero (no hang)" test "$code" != 0 -a "$code" != 124
+check "missing corpus names the path" has "$work/err" "no-such-corpus"
+
+echo "run: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,142 @@
+// `ballast run`: the MPI runtime (launched under mpirun -np N, one rank per emulated GPU).
+#include <mpi.h>
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ballast/error.hpp"
+#include "ballast/runtime/run.hpp"
+#include "commands.hpp"
+
+namespace ballast::cli {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+void write_text(const runtime::RunReport& report, const RunArgs& args, std::ostream& out) {
+  fmt::print(out, "ballast run: strategy {}, {} ranks ({} per emulated node), corpus: {}\n",
+             report.strategy, report.ranks, report.gpus_per_node, report.corpus_provenance);
+  for (const runtime::StepReport& step : report.steps) {
+    fmt::print(out, "step {}: {} micro-batches, loss {:.4f}, imbalance {:.3f} (max/mean busy), step wall {:.3f} s",
+               step.step, step.micro_batches, step.loss, step.imbalance, step.step_wall_s);
+    if (step.max_relative_error >= 0) {
+      fmt::print(out, ", max relative error vs single process {:.2e} ({})", step.max_relative_error,
+                 step.worst_tensor);
+    }
+    fmt::print(out, "\n  {:>4} {:>4} {:>9} {:>9} {:>9} {:>8} {:>10} {:>10}\n", "rank", "node", "busy (s)",
+               "wait (s)", "wall (s)", "tokens", "intra MiB", "inter MiB");
+    for (std::size_t r = 0; r < step.ranks.size(); ++r) {
+      const auto& m = step.ranks[r];
+      fmt::print(out, "  {:>4} {:>4} {:>9.4f} {:>9.4f} {:>9.4f} {:>8} {:>10.2f} {:>10.2f}\n", r,
+                 static_cast<int>(r) / std::max(1, report.gpus_per_node), m.busy_s, m.wait_s, m.wall_s,
+                 m.tokens, m.intra_node_bytes / kMiB, m.inter_node_bytes / kMiB);
+    }
+  }
+  if (!args.trace_path.empty()) fmt::print(out, "trace of the first step written to {}\n", args.trace_path);
+}
+
+nlohmann::ordered_json to_json(const runtime::RunReport& report, bool check) {
+  nlohmann::ordered_json json;
+  json["schema"] = "ballast.run/1";
+  json["strategy"] = report.strategy;
+  json["ranks"] = report.ranks;
+  json["steps"] = report.steps.size();
+  json["loss"] = report.steps.empty() ? 0.0 : report.steps.back().loss;
+  double worst = 0, imbalance = 0, wall = 0;
+  for (const auto& step : report.steps) {
+    worst = std::max(worst, step.max_relative_error);
+    imbalance += step.imbalance / static_cast<double>(report.steps.size());
+    wall += step.step_wall_s / static_cast<double>(report.steps.size());
+  }
+  if (check) json["max_rel_error"] = worst;
+  json["imbalance"] = imbalance;
+  json["step_wall_s"] = wall;
+  json["corpus"] = report.corpus_provenance;
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  for (const auto& step : report.steps) {
+    nlohmann::ordered_json s;
+    s["step"] = step.step;
+    s["micro_batches"] = step.micro_batches;
+    s["loss"] = step.loss;
+    if (check) {
+      s["max_rel_error"] = step.max_relative_error;
+      s["worst_tensor"] = step.worst_tensor;
+    }
+    s["imbalance"] = step.imbalance;
+    s["step_wall_s"] = step.step_wall_s;
+    nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+    for (const auto& m : step.ranks) {
+      ranks.push_back({{"busy_s", m.busy_s}, {"wait_s", m.wait_s}, {"wall_s", m.wall_s}, {"tokens", m.tokens},
+                       {"intra_node_bytes", m.intra_node_bytes}, {"inter_node_bytes", m.inter_node_bytes}});
+    }
+    s["ranks"] = ranks;
+    steps.push_back(s);
+  }
+  json["per_step"] = steps;
+  return json;
+}
+
+}  // namespace
+
+int run_run(const RunArgs& args) {
+  MPI_Init(nullptr, nullptr);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  try {
+    const Format format = parse_format(args.output.format);
+    if (format == Format::csv) throw InputError("ballast run prints text or json; use --format text or json");
+    runtime::RunOptions options = args.options;
+    options.settings.steps = args.workload.steps.value_or(1);
+    apply_workload_flags(args.workload, options.settings);
+    if (!args.workload.tokens_per_step && !args.workload.batch_size) {
+      int ranks = 1;
+      MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+      // Default budget: half of the job's memory, in the dataset's own (unscaled) tokens.
+      options.settings.sampler.tokens_per_step = options.rank_tokens * ranks / 2 * options.length_scale;
+    }
+    const runtime::RunReport report = runtime::run_training(options, MPI_COMM_WORLD);
+    if (rank == 0) {
+      if (!args.trace_path.empty()) {
+        SimulationReport trace;
+        trace.strategy = report.strategy;
+        trace.gpus_per_node = report.gpus_per_node;
+        trace.trace = report.trace;
+        std::ofstream file(args.trace_path, std::ios::binary | std::ios::trunc);
+        if (!file) throw InputError(fmt::format("--trace {}: cannot write this file", args.trace_path));
+        write_chrome_trace(trace, file);
+      }
+      std::ostringstream text;
+      if (format == Format::json) {
+        text << to_json(report, args.options.check).dump(1) << "\n";
+      } else {
+        write_text(report, args, text);
+      }
+      if (args.output.output_path.empty()) {
+        std::cout << text.str();
+      } else {
+        std::ofstream file(args.output.output_path, std::ios::binary | std::ios::trunc);
+        if (!file) throw InputError(fmt::format("-o {}: cannot write this file", args.output.output_path));
+        file << text.str();
+      }
+    }
+  } catch (const InputError& error) {
+    std::cerr << fmt::format("ballast run: error on rank {}: {}\n", rank, error.what());
+    MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
+  } catch (const std::exception& error) {
+    std::cerr << fmt::format("ballast run: rank {} failed: {}\n", rank, error.what());
+    MPI_Abort(MPI_COMM_WORLD, kExitInternal);
+  }
+  MPI_Finalize();
+  return 0;
+}
+
+}  // namespace ballast::cli
