@@ -29,6 +29,19 @@ struct Member {
   TokenSpan span() const { return {doc.data(), pos.data(), size()}; }
 };
 
+/// Each member's tokens (document, position) in group order.
+template <typename TokensOf>
+std::vector<Member> members_of(const AttentionGroup& group, TokensOf tokens_of) {
+  std::vector<Member> members(group.ranks.size());
+  for (std::size_t m = 0; m < group.ranks.size(); ++m) {
+    for (const TokenRef& t : tokens_of(group.ranks[m])) {
+      members[m].doc.push_back(t.sequence);
+      members[m].pos.push_back(t.position);
+    }
+  }
+  return members;
+}
+
 std::size_t rows(int count, int width) {
   return static_cast<std::size_t>(count) * static_cast<std::size_t>(width);
 }
@@ -151,13 +164,7 @@ void PlanAttentionEngine::run_group_forward(const AttentionShape& shape, const G
   const float* v = saved.v.data() + rows(mine.first, kw);
   float* out = saved.out.data() + rows(mine.first, qw);
   float* lse = saved.lse.data() + rows(mine.first, shape.heads);
-  std::vector<Member> members(static_cast<std::size_t>(g));
-  for (int m = 0; m < g; ++m) {
-    for (const TokenRef& t : group_tokens(group, group.ranks[static_cast<std::size_t>(m)])) {
-      members[static_cast<std::size_t>(m)].doc.push_back(t.sequence);
-      members[static_cast<std::size_t>(m)].pos.push_back(t.position);
-    }
-  }
+  const std::vector<Member> members = members_of(group, [&](int r) { return group_tokens(group, r); });
   const Member& me = members[static_cast<std::size_t>(i)];
   BALLAST_CHECK(me.size() == mine.count, "group token counts must agree");
   AttentionAccumulator accumulator;
@@ -301,13 +308,7 @@ void PlanAttentionEngine::run_group_backward(const AttentionShape& shape, const 
   float* d_q = d_q_all + q0;
   float* d_k = d_k_all + k0;
   float* d_v = d_v_all + k0;
-  std::vector<Member> members(static_cast<std::size_t>(g));
-  for (int m = 0; m < g; ++m) {
-    for (const TokenRef& t : group_tokens(group, group.ranks[static_cast<std::size_t>(m)])) {
-      members[static_cast<std::size_t>(m)].doc.push_back(t.sequence);
-      members[static_cast<std::size_t>(m)].pos.push_back(t.position);
-    }
-  }
+  const std::vector<Member> members = members_of(group, [&](int r) { return group_tokens(group, r); });
   const Member& me = members[static_cast<std::size_t>(i)];
   const int tag = tag_of(mine.group, kBackward);
 

@@ -17,6 +17,7 @@
 #include "ballast/runtime/model.hpp"
 #include "ballast/runtime/mpi.hpp"
 #include "ballast/runtime/plan_engine.hpp"
+#include "ballast/runtime/run.hpp"
 #include "ballast/strategy.hpp"
 #include "ballast/workload.hpp"
 
@@ -24,35 +25,6 @@ namespace {
 
 using namespace ballast;
 using namespace ballast::runtime;
-
-/// The planning model of the runtime's tiny model: same heads (validate checks the Ulysses
-/// degree against them), memory sized so one rank holds ~160 tokens.
-Model planning_model(const ModelConfig& config) {
-  Model model;
-  model.name = "runtime-test";
-  model.layers = config.layers;
-  model.hidden = config.hidden;
-  model.heads = config.heads;
-  model.kv_heads = config.kv_heads;
-  model.ffn_hidden = config.ffn_hidden;
-  model.vocab = config.vocab;
-  model.bytes_per_element = 4;
-  model.activation_bytes_per_token = 1e6;
-  model.parameters = 1e5;
-  model.provenance = "tests/runtime/mpi_exactness.cpp";
-  return model;
-}
-
-Cluster planning_cluster(int ranks) {
-  Cluster cluster = load_cluster("h100", 1);
-  cluster.name = "runtime-test";
-  cluster.gpus_per_node = ranks >= 2 ? 2 : 1;
-  cluster.nics_per_node = cluster.gpus_per_node;
-  cluster.nodes = ranks / cluster.gpus_per_node;
-  cluster.gpu_memory_bytes = static_cast<Bytes>(200e6);
-  cluster.memory_usable_fraction = 0.9;
-  return cluster;
-}
 
 double relative_error(const float* a, const float* b, std::size_t n) {
   double diff = 0, norm = 0;
@@ -80,8 +52,12 @@ int main(int argc, char** argv) {
     config.kv_heads = 4;  // GQA: Ulysses groups of up to 4 split the KV heads
     config.ffn_hidden = 48;
     const Parameters parameters = init_parameters(config, 7);
-    const auto cost = make_cost_model(load_cost_model_spec("analytical"), planning_cluster(ranks),
-                                      planning_model(config));
+    // The cluster and model `ballast run` plans with, memory for ~160 tokens per rank.
+    RunOptions run_options;
+    run_options.model = config;
+    run_options.rank_tokens = 160;
+    const auto cost = make_cost_model(load_cost_model_spec("analytical"),
+                                      run_cluster(run_options, ranks), run_planning_model(run_options));
     const Tokens capacity = cost->token_capacity_per_rank();
     // One-token documents, odd lengths, and (batch 0 only) a document longer than one
     // rank's memory budget; packed-dp never splits, so it runs batch 1 only.
