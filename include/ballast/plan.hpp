@@ -101,6 +101,10 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source);
 /// numbers (lengths, chunks, queues) on one line; ends with "\n". Byte-identical for
 /// equal plans.
 std::string plan_to_string(const Plan& plan);
+/// The plans of a file written by `ballast plan`: one plan object or a JSON array of them
+/// (element i read with source "<path>[i]"). Throws InputError for an unreadable or
+/// malformed file or an empty array.
+std::vector<Plan> read_plan_file(const std::string& path);
 
 /// queues[r] for every rank: the explicit queues, or the default index order.
 std::vector<std::vector<int>> effective_queues(const MicroBatch& micro_batch, int ranks);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "ballast/error.hpp"
+#include "ballast/json_file.hpp"
 #include "ballast/plan.hpp"
 
 namespace ballast {
@@ -379,6 +380,20 @@ std::string plan_to_string(const Plan& plan) {
   std::string out;
   write_plan_json(to_json(plan), 0, out);
   return out + "\n";
+}
+
+std::vector<Plan> read_plan_file(const std::string& path) {
+  const nlohmann::json json = read_json_file(path);
+  std::vector<Plan> plans;
+  if (json.is_array()) {
+    for (std::size_t i = 0; i < json.size(); ++i) {
+      plans.push_back(plan_from_json(json[i], fmt::format("{}[{}]", path, i)));
+    }
+  } else {
+    plans.push_back(plan_from_json(json, path));
+  }
+  if (plans.empty()) throw InputError(fmt::format("{}: holds no plan (an empty array)", path));
+  return plans;
 }
 
 }  // namespace ballast

@@ -525,4 +525,26 @@ void adamw_step(const AdamWConfig& config, const std::vector<float>& gradients,
   }
 }
 
+StepDifference compare_with_reference(const Parameters& parameters, double loss_sum,
+                                      const std::vector<float>& gradients,
+                                      const StepOutput& reference) {
+  StepDifference difference;
+  difference.max_relative_error =
+      std::abs(loss_sum - reference.loss_sum) / std::max(1e-30, std::abs(reference.loss_sum));
+  for (const TensorInfo& tensor : parameters.tensors) {
+    double diff = 0, norm = 0;
+    for (std::size_t i = tensor.offset; i < tensor.offset + tensor.size; ++i) {
+      const double d = static_cast<double>(gradients[i]) - static_cast<double>(reference.gradients[i]);
+      diff += d * d;
+      norm += static_cast<double>(reference.gradients[i]) * static_cast<double>(reference.gradients[i]);
+    }
+    const double error = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+    if (error > difference.max_relative_error) {
+      difference.max_relative_error = error;
+      difference.worst = tensor.name;
+    }
+  }
+  return difference;
+}
+
 }  // namespace ballast::runtime

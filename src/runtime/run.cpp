@@ -10,7 +10,6 @@
 #include <numeric>
 
 #include "ballast/error.hpp"
-#include "ballast/json_file.hpp"
 #include "ballast/runtime/corpus.hpp"
 #include "ballast/runtime/mpi.hpp"
 #include "ballast/runtime/plan_engine.hpp"
@@ -27,27 +26,6 @@ double activation_bytes_per_token(const ModelConfig& model) {
   const double per_layer = 6.0 * model.hidden + 2.0 * model.kv_heads * model.head_dim() +
                            3.0 * model.ffn_hidden;
   return 4.0 * (per_layer * model.layers + 2.0 * model.hidden + model.vocab);
-}
-
-double relative_error(const float* a, const float* b, std::size_t n) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
-    diff += d * d;
-    norm += static_cast<double>(b[i]) * static_cast<double>(b[i]);
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
-std::vector<Plan> read_plans(const std::string& path) {
-  const nlohmann::json json = read_json_file(path);
-  std::vector<Plan> plans;
-  if (json.is_array()) {
-    for (std::size_t i = 0; i < json.size(); ++i) plans.push_back(plan_from_json(json[i], fmt::format("{}[{}]", path, i)));
-  } else {
-    plans.push_back(plan_from_json(json, path));
-  }
-  return plans;
 }
 
 }  // namespace
@@ -118,7 +96,7 @@ RunReport run_training(const RunOptions& options, MPI_Comm comm) {
   std::vector<Plan> plans;
   std::unique_ptr<CostModel> cost;
   if (!options.plan_path.empty()) {
-    plans = read_plans(options.plan_path);
+    plans = read_plan_file(options.plan_path);
     for (const Plan& plan : plans) {
       if (plan.cluster.ranks() != ranks) {
         throw InputError(fmt::format("{}: the plan is for {} ranks but the job has {}; run with "
@@ -217,16 +195,9 @@ RunReport run_training(const RunOptions& options, MPI_Comm comm) {
       // Every rank computes the reference (same inputs, same result): no extra messages.
       LocalAttentionEngine local;
       const StepOutput reference = forward_backward(options.model, parameters, pack_documents(documents), local);
-      step.max_relative_error = std::abs(loss_sum - reference.loss_sum) / std::max(1e-30, std::abs(reference.loss_sum));
-      step.worst_tensor = "loss";
-      for (const TensorInfo& tensor : parameters.tensors) {
-        const double error = relative_error(gradients.data() + tensor.offset,
-                                            reference.gradients.data() + tensor.offset, tensor.size);
-        if (error > step.max_relative_error) {
-          step.max_relative_error = error;
-          step.worst_tensor = tensor.name;
-        }
-      }
+      const StepDifference difference = compare_with_reference(parameters, loss_sum, gradients, reference);
+      step.max_relative_error = difference.max_relative_error;
+      step.worst_tensor = difference.worst;
     }
     // Measurements to rank 0.
     const double values[] = {mine.busy_s, mine.wait_s, mine.wall_s, static_cast<double>(mine.intra_node_bytes),

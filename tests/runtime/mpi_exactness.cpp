@@ -6,7 +6,6 @@
 // strategy matches on every rank's view.
 #include <mpi.h>
 
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -21,21 +20,8 @@
 #include "ballast/strategy.hpp"
 #include "ballast/workload.hpp"
 
-namespace {
-
 using namespace ballast;
 using namespace ballast::runtime;
-
-double relative_error(const float* a, const float* b, std::size_t n) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -112,16 +98,7 @@ int main(int argc, char** argv) {
                 "MPI_Allreduce (loss)");
       check_mpi(MPI_Allreduce(MPI_IN_PLACE, &targets, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD),
                 "MPI_Allreduce (targets)");
-      double worst = std::abs(loss_sum - reference.loss_sum) / std::abs(reference.loss_sum);
-      std::string worst_name = "loss";
-      for (const TensorInfo& tensor : parameters.tensors) {
-        const double error = relative_error(gradients.data() + tensor.offset,
-                                            reference.gradients.data() + tensor.offset, tensor.size);
-        if (error > worst) {
-          worst = error;
-          worst_name = tensor.name;
-        }
-      }
+      const StepDifference difference = compare_with_reference(parameters, loss_sum, gradients, reference);
       std::string schemes;
       for (const MicroBatch& micro_batch : plan.micro_batches) {
         for (const AttentionGroup& group : micro_batch.groups) {
@@ -136,12 +113,12 @@ int main(int argc, char** argv) {
           }
         }
       }
-      const bool ok = worst < 1e-5 && targets == reference.target_count;
+      const bool ok = difference.max_relative_error < 1e-5 && targets == reference.target_count;
       failures += ok ? 0 : 1;
       if (rank == 0) {
         std::printf("%-34s %-28s %zu micro-batches, loss %.6f, max relative error %.2e (%s)%s\n",
                     text.c_str(), schemes.c_str(), plan.micro_batches.size(), loss_sum / targets,
-                    worst, worst_name.c_str(), ok ? "" : "  FAILED");
+                    difference.max_relative_error, difference.worst.c_str(), ok ? "" : "  FAILED");
       }
     }
   } catch (const std::exception& error) {

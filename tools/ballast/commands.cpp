@@ -106,20 +106,6 @@ std::vector<ListSection> list_sections() {
   };
 }
 
-std::vector<Plan> read_plans(const std::string& path) {
-  const nlohmann::json json = read_json_file(path);
-  std::vector<Plan> plans;
-  if (json.is_array()) {
-    for (std::size_t i = 0; i < json.size(); ++i) {
-      plans.push_back(plan_from_json(json[i], fmt::format("{}[{}]", path, i)));
-    }
-  } else {
-    plans.push_back(plan_from_json(json, path));
-  }
-  if (plans.empty()) throw InputError(fmt::format("{}: holds no plan (an empty array)", path));
-  return plans;
-}
-
 std::unique_ptr<CostModel> cost_model_of(const Plan& plan) {
   return make_cost_model(plan.cost_model, plan.cluster, plan.model);
 }
@@ -168,7 +154,7 @@ int run_plan(const PlanArgs& args) {
 
 int run_validate(const ValidateArgs& args) {
   const Format format = parse_format(args.format);
-  const std::vector<Plan> plans = read_plans(args.plan_path);
+  const std::vector<Plan> plans = read_plan_file(args.plan_path);
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   bool all_ok = true;
   for (std::size_t i = 0; i < plans.size(); ++i) {
@@ -203,7 +189,7 @@ int run_simulate(const SimulateArgs& args) {
   std::unique_ptr<CostModel> cost;
   if (!args.plan_path.empty()) {
     if (!args.strategy.empty()) throw InputError("give either --plan or --strategy, not both");
-    plans = read_plans(args.plan_path);  // each plan carries its own cost model
+    plans = read_plan_file(args.plan_path);  // each plan carries its own cost model
   } else {
     if (args.strategy.empty()) {
       throw InputError("ballast simulate needs --strategy NAME (see `ballast list strategies`) "

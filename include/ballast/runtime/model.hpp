@@ -106,6 +106,18 @@ struct StepOutput {
 StepOutput forward_backward(const ModelConfig& config, const Parameters& parameters,
                             const TokenBatch& batch, AttentionEngine& attention);
 
+/// How far a step's loss sum and gradients are from a reference step: |loss - reference| /
+/// |reference| and, per parameter tensor, the norm-wise ||g - g_ref|| / ||g_ref|| (absolute
+/// when the reference tensor is zero); the largest of them and what it belongs to ("loss"
+/// or the tensor's name).
+struct StepDifference {
+  double max_relative_error = 0;
+  std::string worst = "loss";
+};
+StepDifference compare_with_reference(const Parameters& parameters, double loss_sum,
+                                      const std::vector<float>& gradients,
+                                      const StepOutput& reference);
+
 struct AdamWConfig {
   float learning_rate = 1e-3f;
   float beta1 = 0.9f;
