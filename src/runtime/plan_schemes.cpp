@@ -1,6 +1,7 @@
 // The attention schemes of PlanAttentionEngine (plan_engine.hpp): local, ring, all_gather
 // and ulysses, forward and backward, on this rank's tokens of one group.
 #include <algorithm>
+#include <span>
 #include <utility>
 
 #include "ballast/error.hpp"
@@ -46,7 +47,128 @@ std::size_t rows(int count, int width) {
   return static_cast<std::size_t>(count) * static_cast<std::size_t>(width);
 }
 
+
+/// The group's tokens in member order (what a Ulysses member computes its heads over).
+Member concatenated(const std::vector<Member>& members) {
+  Member all;
+  for (const Member& member : members) {
+    all.doc.insert(all.doc.end(), member.doc.begin(), member.doc.end());
+    all.pos.insert(all.pos.end(), member.pos.begin(), member.pos.end());
+  }
+  return all;
+}
+
+std::vector<int> sizes_of(const std::vector<Member>& members) {
+  std::vector<int> sizes;
+  for (const Member& member : members) sizes.push_back(member.size());
+  return sizes;
+}
+
+/// One head-sharded column of a token's row: Ulysses member m owns heads
+/// [m * per_member, (m + 1) * per_member) of a [tokens, heads, head_dim] array (an lse
+/// array is [tokens, heads] with head_dim 1).
+template <typename Float>
+struct HeadColumn {
+  Float* data;
+  int heads;
+  int per_member;
+  int head_dim;
+  int width() const { return per_member * head_dim; }
+  Float* at(int row, int member) const {
+    return data + (rows(row, heads) + static_cast<std::size_t>(member) * per_member) * head_dim;
+  }
+};
+
+template <typename Float>
+int row_width(std::span<const HeadColumn<Float>> columns) {
+  int width = 0;
+  for (const auto& column : columns) width += column.width();
+  return width;
+}
+
+/// For every member m: this rank's `count` tokens as rows of m's heads of each column.
+std::vector<std::vector<float>> pack_heads(int g, int count,
+                                           std::span<const HeadColumn<const float>> columns) {
+  const int width = row_width(columns);
+  std::vector<std::vector<float>> send(static_cast<std::size_t>(g),
+                                       std::vector<float>(rows(count, width)));
+  for (int m = 0; m < g; ++m) {
+    for (int r = 0; r < count; ++r) {
+      float* row = send[static_cast<std::size_t>(m)].data() + rows(r, width);
+      for (const auto& column : columns) {
+        row = std::copy_n(column.at(r, m), column.width(), row);
+      }
+    }
+  }
+  return send;
+}
+
+/// This rank's rows returned by every member m into m's heads of each target column:
+/// copied, or added (gradients) when `add`.
+void unpack_heads(const std::vector<std::vector<float>>& home, int count,
+                  std::span<const HeadColumn<float>> targets, bool add) {
+  const int width = row_width(targets);
+  for (std::size_t m = 0; m < home.size(); ++m) {
+    for (int r = 0; r < count; ++r) {
+      const float* row = home[m].data() + rows(r, width);
+      for (const auto& target : targets) {
+        float* to = target.at(r, static_cast<int>(m));
+        for (int x = 0; x < target.width(); ++x) to[x] = add ? to[x] + row[x] : row[x];
+        row += target.width();
+      }
+    }
+  }
+}
+
+/// Rows received from every member (member order) split into one array per column of
+/// `widths` floats: [group tokens, width] each.
+std::vector<std::vector<float>> split_columns(const std::vector<std::vector<float>>& received,
+                                              std::span<const int> widths) {
+  int width = 0;
+  for (int w : widths) width += w;
+  std::vector<std::vector<float>> columns(widths.size());
+  for (const auto& buffer : received) {
+    for (std::size_t row = 0; row < buffer.size(); row += static_cast<std::size_t>(width)) {
+      const float* from = buffer.data() + row;
+      for (std::size_t c = 0; c < widths.size(); ++c) {
+        columns[c].insert(columns[c].end(), from, from + widths[c]);
+        from += widths[c];
+      }
+    }
+  }
+  return columns;
+}
+
+/// The inverse of split_columns: for every member, the rows of `columns` (member order,
+/// `widths` floats per token each) that belong to its tokens, concatenated per token.
+std::vector<std::vector<float>> join_columns(const std::vector<Member>& members,
+                                             std::span<const std::vector<float>* const> columns,
+                                             std::span<const int> widths) {
+  std::vector<std::vector<float>> per_member(members.size());
+  int offset = 0;
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    for (int r = offset; r < offset + members[m].size(); ++r) {
+      for (std::size_t c = 0; c < widths.size(); ++c) {
+        const auto begin = columns[c]->begin() + static_cast<std::ptrdiff_t>(rows(r, widths[c]));
+        per_member[m].insert(per_member[m].end(), begin, begin + widths[c]);
+      }
+    }
+    offset += members[m].size();
+  }
+  return per_member;
+}
+
 }  // namespace
+
+std::vector<std::vector<float>> PlanAttentionEngine::exchange_rows(
+    const std::vector<std::vector<float>>& send, const std::vector<int>& counts, int width,
+    const std::vector<int>& peers, int self, int tag) {
+  std::vector<std::vector<float>> received(peers.size());
+  for (std::size_t m = 0; m < peers.size(); ++m) received[m].assign(rows(counts[m], width), 0);
+  exchange(send, received, peers, tag);
+  received[static_cast<std::size_t>(self)] = send[static_cast<std::size_t>(self)];
+  return received;
+}
 
 void PlanAttentionEngine::ring_shift(const AttentionGroup& group, int group_index,
                                      const std::vector<std::size_t>& sizes, const float* send,
@@ -204,16 +326,10 @@ void PlanAttentionEngine::run_group_forward(const AttentionShape& shape, const G
     return;
   }
   if (group.scheme == Scheme::all_gather) {
-    std::vector<std::vector<float>> send(static_cast<std::size_t>(g)), recv(static_cast<std::size_t>(g));
-    std::vector<float> block(2 * rows(mine.count, kw));
-    std::copy(k, k + rows(mine.count, kw), block.begin());
-    std::copy(v, v + rows(mine.count, kw), block.begin() + static_cast<std::ptrdiff_t>(rows(mine.count, kw)));
-    for (int m = 0; m < g; ++m) {
-      send[static_cast<std::size_t>(m)] = block;
-      recv[static_cast<std::size_t>(m)].assign(2 * rows(members[static_cast<std::size_t>(m)].size(), kw), 0);
-    }
-    exchange(send, recv, group.ranks, tag);
-    recv[static_cast<std::size_t>(i)] = block;
+    std::vector<float> block(k, k + rows(mine.count, kw));
+    block.insert(block.end(), v, v + rows(mine.count, kw));
+    const auto recv = exchange_rows(std::vector(static_cast<std::size_t>(g), block), sizes_of(members),
+                                    2 * kw, group.ranks, i, tag);
     accumulator.reset(mine.count, shape);
     for (int m = 0; m < g; ++m) {
       const auto& b = recv[static_cast<std::size_t>(m)];
@@ -229,66 +345,29 @@ void PlanAttentionEngine::run_group_forward(const AttentionShape& shape, const G
   BALLAST_CHECK(shape.heads % g == 0 && shape.kv_heads % g == 0,
                 "a validated plan's Ulysses degree divides the heads and KV heads");
   const int hs = shape.heads / g, ks = shape.kv_heads / g;
-  const int width = (hs + 2 * ks) * hd;
-  std::vector<std::vector<float>> send(static_cast<std::size_t>(g)), recv(static_cast<std::size_t>(g));
-  for (int m = 0; m < g; ++m) {
-    auto& s = send[static_cast<std::size_t>(m)];
-    s.resize(rows(mine.count, width));
-    for (int r = 0; r < mine.count; ++r) {
-      float* row = s.data() + rows(r, width);
-      std::copy_n(q + (rows(r, shape.heads) + m * hs) * hd, hs * hd, row);
-      std::copy_n(k + (rows(r, shape.kv_heads) + m * ks) * hd, ks * hd, row + hs * hd);
-      std::copy_n(v + (rows(r, shape.kv_heads) + m * ks) * hd, ks * hd, row + (hs + ks) * hd);
-    }
-    recv[static_cast<std::size_t>(m)].assign(rows(members[static_cast<std::size_t>(m)].size(), width), 0);
-  }
-  exchange(send, recv, group.ranks, tag);
-  recv[static_cast<std::size_t>(i)] = send[static_cast<std::size_t>(i)];
-  Member all;
-  std::vector<float> qh, kh, vh;
-  for (int m = 0; m < g; ++m) {
-    const Member& member = members[static_cast<std::size_t>(m)];
-    all.doc.insert(all.doc.end(), member.doc.begin(), member.doc.end());
-    all.pos.insert(all.pos.end(), member.pos.begin(), member.pos.end());
-    const auto& b = recv[static_cast<std::size_t>(m)];
-    for (int r = 0; r < member.size(); ++r) {
-      const float* row = b.data() + rows(r, width);
-      qh.insert(qh.end(), row, row + hs * hd);
-      kh.insert(kh.end(), row + hs * hd, row + (hs + ks) * hd);
-      vh.insert(vh.end(), row + (hs + ks) * hd, row + (hs + 2 * ks) * hd);
-    }
-  }
+  const HeadColumn<const float> in[] = {{q, shape.heads, hs, hd}, {k, shape.kv_heads, ks, hd},
+                                       {v, shape.kv_heads, ks, hd}};
+  const int in_widths[] = {hs * hd, ks * hd, ks * hd};
+  const auto columns = split_columns(
+      exchange_rows(pack_heads(g, mine.count, in), sizes_of(members), row_width<const float>(in),
+                    group.ranks, i, tag),
+      in_widths);
+  const Member all = concatenated(members);
   const AttentionShape part{hs, ks, hd};
   accumulator.reset(all.size(), part);
-  attention_forward_accumulate(part, qh.data(), all.span(), kh.data(), vh.data(), all.span(), accumulator);
+  attention_forward_accumulate(part, columns[0].data(), all.span(), columns[1].data(),
+                               columns[2].data(), all.span(), accumulator);
   std::vector<float> out_h(rows(all.size(), hs * hd)), lse_h(rows(all.size(), hs));
   attention_forward_finalize(part, accumulator, out_h.data(), lse_h.data());
   // Back to the owners: each token's output and lse for this member's heads.
-  const int back_width = hs * hd + hs;
-  std::vector<std::vector<float>> back(static_cast<std::size_t>(g)), home(static_cast<std::size_t>(g));
-  int offset = 0;
-  for (int m = 0; m < g; ++m) {
-    const int n_m = members[static_cast<std::size_t>(m)].size();
-    auto& b = back[static_cast<std::size_t>(m)];
-    for (int r = offset; r < offset + n_m; ++r) {
-      b.insert(b.end(), out_h.begin() + static_cast<std::ptrdiff_t>(rows(r, hs * hd)),
-               out_h.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, hs * hd)));
-      b.insert(b.end(), lse_h.begin() + static_cast<std::ptrdiff_t>(rows(r, hs)),
-               lse_h.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, hs)));
-    }
-    offset += n_m;
-    home[static_cast<std::size_t>(m)].assign(rows(mine.count, back_width), 0);
-  }
-  exchange(back, home, group.ranks, tag_of(mine.group, kForwardBack));
-  home[static_cast<std::size_t>(i)] = back[static_cast<std::size_t>(i)];
-  for (int m = 0; m < g; ++m) {
-    const auto& h = home[static_cast<std::size_t>(m)];
-    for (int r = 0; r < mine.count; ++r) {
-      const float* row = h.data() + rows(r, back_width);
-      std::copy_n(row, hs * hd, out + (rows(r, shape.heads) + m * hs) * hd);
-      std::copy_n(row + hs * hd, hs, lse + rows(r, shape.heads) + m * hs);
-    }
-  }
+  const std::vector<float>* results[] = {&out_h, &lse_h};
+  const int result_widths[] = {hs * hd, hs};
+  const HeadColumn<float> targets[] = {{out, shape.heads, hs, hd}, {lse, shape.heads, hs, 1}};
+  unpack_heads(exchange_rows(join_columns(members, results, result_widths),
+                             std::vector(static_cast<std::size_t>(g), mine.count),
+                             row_width<float>(targets), group.ranks, i,
+                             tag_of(mine.group, kForwardBack)),
+               mine.count, targets, false);
 }
 
 void PlanAttentionEngine::run_group_backward(const AttentionShape& shape, const GroupTokens& mine,
@@ -360,17 +439,11 @@ void PlanAttentionEngine::run_group_backward(const AttentionShape& shape, const 
       return;
     }
     // all_gather: gather KV again (as LLaMA-3 CP does), dK/dV partials back to their owners.
-    std::vector<std::vector<float>> send(static_cast<std::size_t>(g)), recv(static_cast<std::size_t>(g));
-    std::vector<float> block(2 * rows(mine.count, kw));
-    std::copy(k, k + rows(mine.count, kw), block.begin());
-    std::copy(v, v + rows(mine.count, kw), block.begin() + static_cast<std::ptrdiff_t>(rows(mine.count, kw)));
-    for (int m = 0; m < g; ++m) {
-      send[static_cast<std::size_t>(m)] = block;
-      recv[static_cast<std::size_t>(m)].assign(2 * rows(members[static_cast<std::size_t>(m)].size(), kw), 0);
-    }
-    exchange(send, recv, group.ranks, tag);
-    recv[static_cast<std::size_t>(i)] = block;
-    std::vector<std::vector<float>> partial(static_cast<std::size_t>(g)), mine_parts(static_cast<std::size_t>(g));
+    std::vector<float> block(k, k + rows(mine.count, kw));
+    block.insert(block.end(), v, v + rows(mine.count, kw));
+    const auto recv = exchange_rows(std::vector(static_cast<std::size_t>(g), block), sizes_of(members),
+                                    2 * kw, group.ranks, i, tag);
+    std::vector<std::vector<float>> partial(static_cast<std::size_t>(g));
     for (int m = 0; m < g; ++m) {
       const Member& member = members[static_cast<std::size_t>(m)];
       const auto& b = recv[static_cast<std::size_t>(m)];
@@ -379,10 +452,9 @@ void PlanAttentionEngine::run_group_backward(const AttentionShape& shape, const 
       p.assign(2 * n, 0);
       attention_backward_accumulate(shape, q, d_out, lse, delta.data(), me.span(), b.data(),
                                     b.data() + n, member.span(), d_q, p.data(), p.data() + n);
-      mine_parts[static_cast<std::size_t>(m)].assign(2 * rows(mine.count, kw), 0);
     }
-    exchange(partial, mine_parts, group.ranks, tag_of(mine.group, kBackwardBack));
-    mine_parts[static_cast<std::size_t>(i)] = partial[static_cast<std::size_t>(i)];
+    const auto mine_parts = exchange_rows(partial, std::vector(static_cast<std::size_t>(g), mine.count),
+                                          2 * kw, group.ranks, i, tag_of(mine.group, kBackwardBack));
     const std::size_t mine_rows = rows(mine.count, kw);
     for (int m = 0; m < g; ++m) {  // fixed member order: the same sum on every run
       const auto& p = mine_parts[static_cast<std::size_t>(m)];
@@ -395,86 +467,31 @@ void PlanAttentionEngine::run_group_backward(const AttentionShape& shape, const 
   }
   // Ulysses backward: the same head exchange with out, dO and lse, then dQ/dK/dV back.
   const int hs = shape.heads / g, ks = shape.kv_heads / g;
-  const int width = (3 * hs + 2 * ks) * hd + hs;  // q, k, v, out, dO, lse
-  std::vector<std::vector<float>> send(static_cast<std::size_t>(g)), recv(static_cast<std::size_t>(g));
-  for (int m = 0; m < g; ++m) {
-    auto& s = send[static_cast<std::size_t>(m)];
-    s.resize(rows(mine.count, width));
-    for (int r = 0; r < mine.count; ++r) {
-      float* row = s.data() + rows(r, width);
-      std::copy_n(q + (rows(r, shape.heads) + m * hs) * hd, hs * hd, row);
-      row += hs * hd;
-      std::copy_n(k + (rows(r, shape.kv_heads) + m * ks) * hd, ks * hd, row);
-      row += ks * hd;
-      std::copy_n(v + (rows(r, shape.kv_heads) + m * ks) * hd, ks * hd, row);
-      row += ks * hd;
-      std::copy_n(out + (rows(r, shape.heads) + m * hs) * hd, hs * hd, row);
-      row += hs * hd;
-      std::copy_n(d_out + (rows(r, shape.heads) + m * hs) * hd, hs * hd, row);
-      row += hs * hd;
-      std::copy_n(lse + rows(r, shape.heads) + m * hs, hs, row);
-    }
-    recv[static_cast<std::size_t>(m)].assign(rows(members[static_cast<std::size_t>(m)].size(), width), 0);
-  }
-  exchange(send, recv, group.ranks, tag);
-  recv[static_cast<std::size_t>(i)] = send[static_cast<std::size_t>(i)];
-  Member all;
-  std::vector<float> qh, kh, vh, oh, doh, lh;
-  for (int m = 0; m < g; ++m) {
-    const Member& member = members[static_cast<std::size_t>(m)];
-    all.doc.insert(all.doc.end(), member.doc.begin(), member.doc.end());
-    all.pos.insert(all.pos.end(), member.pos.begin(), member.pos.end());
-    const auto& b = recv[static_cast<std::size_t>(m)];
-    for (int r = 0; r < member.size(); ++r) {
-      const float* row = b.data() + rows(r, width);
-      qh.insert(qh.end(), row, row + hs * hd);
-      row += hs * hd;
-      kh.insert(kh.end(), row, row + ks * hd);
-      row += ks * hd;
-      vh.insert(vh.end(), row, row + ks * hd);
-      row += ks * hd;
-      oh.insert(oh.end(), row, row + hs * hd);
-      row += hs * hd;
-      doh.insert(doh.end(), row, row + hs * hd);
-      row += hs * hd;
-      lh.insert(lh.end(), row, row + hs);
-    }
-  }
+  const HeadColumn<const float> in[] = {{q, shape.heads, hs, hd},     {k, shape.kv_heads, ks, hd},
+                                       {v, shape.kv_heads, ks, hd},  {out, shape.heads, hs, hd},
+                                       {d_out, shape.heads, hs, hd}, {lse, shape.heads, hs, 1}};
+  const int in_widths[] = {hs * hd, ks * hd, ks * hd, hs * hd, hs * hd, hs};
+  const auto c = split_columns(
+      exchange_rows(pack_heads(g, mine.count, in), sizes_of(members), row_width<const float>(in),
+                    group.ranks, i, tag),
+      in_widths);  // q, k, v, out, dO, lse of this member's heads for every group token
+  const Member all = concatenated(members);
   const AttentionShape part{hs, ks, hd};
   const int n_all = all.size();
   std::vector<float> delta(rows(n_all, hs)), dqh(rows(n_all, hs * hd), 0), dkh(rows(n_all, ks * hd), 0),
       dvh(rows(n_all, ks * hd), 0);
-  attention_backward_delta(part, n_all, oh.data(), doh.data(), delta.data());
-  attention_backward_accumulate(part, qh.data(), doh.data(), lh.data(), delta.data(), all.span(),
-                                kh.data(), vh.data(), all.span(), dqh.data(), dkh.data(), dvh.data());
-  const int back_width = (hs + 2 * ks) * hd;
-  std::vector<std::vector<float>> back(static_cast<std::size_t>(g)), home(static_cast<std::size_t>(g));
-  int offset = 0;
-  for (int m = 0; m < g; ++m) {
-    const int n_m = members[static_cast<std::size_t>(m)].size();
-    auto& b = back[static_cast<std::size_t>(m)];
-    for (int r = offset; r < offset + n_m; ++r) {
-      b.insert(b.end(), dqh.begin() + static_cast<std::ptrdiff_t>(rows(r, hs * hd)), dqh.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, hs * hd)));
-      b.insert(b.end(), dkh.begin() + static_cast<std::ptrdiff_t>(rows(r, ks * hd)), dkh.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, ks * hd)));
-      b.insert(b.end(), dvh.begin() + static_cast<std::ptrdiff_t>(rows(r, ks * hd)), dvh.begin() + static_cast<std::ptrdiff_t>(rows(r + 1, ks * hd)));
-    }
-    offset += n_m;
-    home[static_cast<std::size_t>(m)].assign(rows(mine.count, back_width), 0);
-  }
-  exchange(back, home, group.ranks, tag_of(mine.group, kBackwardBack));
-  home[static_cast<std::size_t>(i)] = back[static_cast<std::size_t>(i)];
-  for (int m = 0; m < g; ++m) {
-    const auto& h = home[static_cast<std::size_t>(m)];
-    for (int r = 0; r < mine.count; ++r) {
-      const float* row = h.data() + rows(r, back_width);
-      float* dq_row = d_q + (rows(r, shape.heads) + m * hs) * hd;
-      float* dk_row = d_k + (rows(r, shape.kv_heads) + m * ks) * hd;
-      float* dv_row = d_v + (rows(r, shape.kv_heads) + m * ks) * hd;
-      for (int x = 0; x < hs * hd; ++x) dq_row[x] += row[x];
-      for (int x = 0; x < ks * hd; ++x) dk_row[x] += row[hs * hd + x];
-      for (int x = 0; x < ks * hd; ++x) dv_row[x] += row[(hs + ks) * hd + x];
-    }
-  }
+  attention_backward_delta(part, n_all, c[3].data(), c[4].data(), delta.data());
+  attention_backward_accumulate(part, c[0].data(), c[4].data(), c[5].data(), delta.data(), all.span(),
+                                c[1].data(), c[2].data(), all.span(), dqh.data(), dkh.data(), dvh.data());
+  const std::vector<float>* results[] = {&dqh, &dkh, &dvh};
+  const int result_widths[] = {hs * hd, ks * hd, ks * hd};
+  const HeadColumn<float> targets[] = {{d_q, shape.heads, hs, hd}, {d_k, shape.kv_heads, ks, hd},
+                                       {d_v, shape.kv_heads, ks, hd}};
+  unpack_heads(exchange_rows(join_columns(members, results, result_widths),
+                             std::vector(static_cast<std::size_t>(g), mine.count),
+                             row_width<float>(targets), group.ranks, i,
+                             tag_of(mine.group, kBackwardBack)),
+               mine.count, targets, true);
 }
 
 }  // namespace ballast::runtime

@@ -80,6 +80,11 @@ class PlanAttentionEngine final : public AttentionEngine {
                           const float* d_out, float* d_q, float* d_k, float* d_v);
   void exchange(const std::vector<std::vector<float>>& send, std::vector<std::vector<float>>& recv,
                 const std::vector<int>& peers, int tag);
+  /// exchange() with the receive buffers sized from counts[m] rows of `width` floats per
+  /// member; this rank's own entry (position `self`) is its send buffer.
+  std::vector<std::vector<float>> exchange_rows(const std::vector<std::vector<float>>& send,
+                                                const std::vector<int>& counts, int width,
+                                                const std::vector<int>& peers, int self, int tag);
   void count_sent(int peer, std::int64_t bytes);
   /// Runs a blocking MPI wait, adding its wall and CPU time and an interval to stats_.
   void timed_wait(const char* name, const std::function<void()>& wait);
