@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "ballast/error.hpp"
+#include "ballast/plan_layout.hpp"
 #include "ballast/runtime/mpi.hpp"
 
 namespace ballast::runtime {
@@ -33,29 +34,33 @@ PlanAttentionEngine::PlanAttentionEngine(const Plan& plan, int micro_batch, MPI_
     throw InputError(fmt::format("the plan is for {} ranks but the job has {}; run with mpirun -np {}",
                                  plan.cluster.ranks(), ranks_, plan.cluster.ranks()));
   }
-  const auto queues = effective_queues(micro_batch_, ranks_);
+  // Token by token, the layouts plan_layout.hpp defines (the Python module packs the same).
+  const auto expand = [](const std::vector<TokenRange>& ranges) {
+    std::vector<TokenRef> tokens;
+    for (const TokenRange& range : ranges) {
+      for (Tokens p = range.begin_tokens; p < range.end_tokens; ++p) tokens.push_back({range.sequence_id, p});
+    }
+    return tokens;
+  };
   attention_layout_.resize(static_cast<std::size_t>(ranks_));
+  linear_layout_.resize(static_cast<std::size_t>(ranks_));
   for (int r = 0; r < ranks_; ++r) {
-    auto& layout = attention_layout_[static_cast<std::size_t>(r)];
+    const std::vector<TokenRange> ranges = attention_layout(plan, micro_batch, r);
+    attention_layout_[static_cast<std::size_t>(r)] = expand(ranges);
+    linear_layout_[static_cast<std::size_t>(r)] = expand(linear_layout(plan, micro_batch, r));
+    if (r != rank_) continue;
+    int offset = 0;
+    const auto queues = effective_queues(micro_batch_, ranks_);
     for (int g : queues[static_cast<std::size_t>(r)]) {
-      const std::vector<TokenRef> tokens =
-          group_tokens(micro_batch_.groups[static_cast<std::size_t>(g)], r);
-      if (r == rank_) {
-        my_groups_.push_back({g, static_cast<int>(layout.size()), static_cast<int>(tokens.size())});
+      int count = 0;
+      for (const TokenRange& range : ranges) {
+        if (range.group == g) count += static_cast<int>(range.size());
       }
-      layout.insert(layout.end(), tokens.begin(), tokens.end());
+      my_groups_.push_back({g, offset, count});
+      offset += count;
     }
   }
   has_layout_ = !micro_batch_.linear_layout.empty();
-  if (has_layout_) {
-    linear_layout_.resize(static_cast<std::size_t>(ranks_));
-    for (const LinearSlice& slice : micro_batch_.linear_layout) {
-      auto& layout = linear_layout_[static_cast<std::size_t>(slice.rank)];
-      for (Tokens p = slice.begin_tokens; p < slice.end_tokens; ++p) layout.push_back({slice.sequence_id, p});
-    }
-  } else {
-    linear_layout_ = attention_layout_;
-  }
 }
 
 std::vector<TokenRef> PlanAttentionEngine::group_tokens(const AttentionGroup& group, int rank) const {
