@@ -60,7 +60,7 @@ setup(
     python_requires=">=3.9",
     packages=["ballast"],
     package_dir={"": "python"},
-    package_data={"ballast": ["py.typed"]},
+    package_data={"ballast": ["py.typed", "*.pyi"]},
     ext_modules=[CMakeExtension("ballast._ballast")],
     cmdclass={"build_ext": CMakeBuild},
     install_requires=["numpy"],

@@ -248,7 +248,7 @@ PYBIND11_MODULE(_ballast, m) {
       py::arg("dataset"), py::arg("tokens_per_step"), py::arg("batch_size"), py::arg("steps"),
       py::arg("seed"), py::arg("max_context_tokens"), py::arg("order"), py::arg("over_context"));
 
-  py::class_<Cluster>(m, "Cluster")
+  py::class_<Cluster>(m, "Cluster", "A homogeneous GPU cluster (docs/cost-model.md). Cluster.load(preset_or_file, nodes=None); fields are settable; ranks = nodes * gpus_per_node, numbered node-major.")
       .def(py::init<>())
       .def_static("load", &load_cluster, py::arg("preset_or_file"), py::arg("nodes") = std::nullopt)
       .def_static("from_json",
@@ -277,7 +277,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def_readwrite("inter_node_latency_s", &Cluster::inter_node_latency_s)
       .def_readwrite("provenance", &Cluster::provenance);
 
-  py::class_<Model>(m, "Model")
+  py::class_<Model>(m, "Model", "A decoder-only transformer's shape (docs/cost-model.md). Model.load(preset_or_file); fields are settable.")
       .def(py::init<>())
       .def_static("load", &load_model, py::arg("preset_or_file"))
       .def_static("from_json",
@@ -301,12 +301,12 @@ PYBIND11_MODULE(_ballast, m) {
       .def_readwrite("parameters", &Model::parameters)
       .def_readwrite("provenance", &Model::provenance);
 
-  py::class_<Chunk>(m, "Chunk")
+  py::class_<Chunk>(m, "Chunk", "Tokens [begin, end) of a sequence on `rank` during attention (end may include padding).")
       .def_readonly("rank", &Chunk::rank)
       .def_readonly("begin", &Chunk::begin_tokens)
       .def_readonly("end", &Chunk::end_tokens)
       .def("__repr__", [](const Chunk& c) { return fmt::format("Chunk(rank={}, begin={}, end={})", c.rank, c.begin_tokens, c.end_tokens); });
-  py::class_<SequenceChunks>(m, "SequenceChunks")
+  py::class_<SequenceChunks>(m, "SequenceChunks", "A sequence's chunks in one attention group; they cover [0, padded_length) once.")
       .def_readonly("sequence_id", &SequenceChunks::sequence_id)
       .def_readonly("padded_length", &SequenceChunks::padded_length_tokens)
       .def_readonly("chunks", &SequenceChunks::chunks)
@@ -314,7 +314,7 @@ PYBIND11_MODULE(_ballast, m) {
         return fmt::format("SequenceChunks(sequence_id={}, padded_length={}, chunks={})", s.sequence_id,
                            s.padded_length_tokens, s.chunks.size());
       });
-  py::class_<AttentionGroup>(m, "Group")
+  py::class_<AttentionGroup>(m, "Group", "An attention group: scheme (local, ring, all_gather, ulysses), ranks (ring order) and the chunks of its sequences.")
       .def_property_readonly("scheme", [](const AttentionGroup& g) { return to_string(g.scheme); })
       .def_readonly("ranks", &AttentionGroup::ranks)
       .def_readonly("sequences", &AttentionGroup::sequences)
@@ -324,19 +324,19 @@ PYBIND11_MODULE(_ballast, m) {
         return fmt::format("Group(scheme='{}', ranks={}, sequences={})", to_string(g.scheme),
                            fmt::join(g.ranks, ","), g.sequences.size());
       });
-  py::class_<LinearSlice>(m, "LinearSlice")
+  py::class_<LinearSlice>(m, "LinearSlice", "Tokens [begin, end) of a sequence held by `rank` during the linear modules (a remapped plan).")
       .def_readonly("rank", &LinearSlice::rank)
       .def_readonly("sequence_id", &LinearSlice::sequence_id)
       .def_readonly("begin", &LinearSlice::begin_tokens)
       .def_readonly("end", &LinearSlice::end_tokens);
-  py::class_<MicroBatch>(m, "MicroBatch")
+  py::class_<MicroBatch>(m, "MicroBatch", "One micro-batch of a plan: its attention groups and, when remapped, the linear layout.")
       .def_readonly("groups", &MicroBatch::groups)
       .def_readonly("linear_layout", &MicroBatch::linear_layout)
       .def("__repr__", [](const MicroBatch& b) {
         return fmt::format("MicroBatch(groups={}, remapped={})", b.groups.size(), !b.linear_layout.empty());
       });
 
-  py::class_<TokenRange>(m, "TokenRange")
+  py::class_<TokenRange>(m, "TokenRange", "Tokens [begin, end) of sequence `sequence_id` (never empty, never padding); `group` is the attention group index in attention layouts, -1 in linear ones.")
       .def_readonly("sequence_id", &TokenRange::sequence_id)
       .def_readonly("begin", &TokenRange::begin_tokens)
       .def_readonly("end", &TokenRange::end_tokens)
@@ -346,7 +346,7 @@ PYBIND11_MODULE(_ballast, m) {
         return fmt::format("TokenRange(sequence_id={}, begin={}, end={}, group={})", r.sequence_id,
                            r.begin_tokens, r.end_tokens, r.group);
       });
-  py::class_<LayoutTransfer>(m, "Transfer")
+  py::class_<LayoutTransfer>(m, "Transfer", "Tokens [begin, end) of a sequence that src_rank holds for the linear modules and dst_rank needs for attention (the remap).")
       .def_readonly("src_rank", &LayoutTransfer::src_rank)
       .def_readonly("dst_rank", &LayoutTransfer::dst_rank)
       .def_readonly("sequence_id", &LayoutTransfer::sequence_id)
@@ -357,7 +357,7 @@ PYBIND11_MODULE(_ballast, m) {
         return fmt::format("Transfer(src_rank={}, dst_rank={}, sequence_id={}, begin={}, end={})",
                            t.src_rank, t.dst_rank, t.sequence_id, t.begin_tokens, t.end_tokens);
       });
-  py::class_<RankGroupView>(m, "RankGroup")
+  py::class_<RankGroupView>(m, "RankGroup", "An attention group as one rank sees it: index in the micro-batch, scheme, ranks, this rank's position, sequence ids and this rank's chunks (padding dropped).")
       .def_readonly("index", &RankGroupView::index)
       .def_readonly("scheme", &RankGroupView::scheme)
       .def_readonly("ranks", &RankGroupView::ranks)
@@ -370,7 +370,7 @@ PYBIND11_MODULE(_ballast, m) {
         return fmt::format("RankGroup(index={}, scheme='{}', ranks=[{}], position={}, chunks={})", g.index,
                            g.scheme, fmt::join(g.ranks, ", "), g.position, g.chunks.size());
       });
-  py::class_<RankMicroBatchView>(m, "RankMicroBatch")
+  py::class_<RankMicroBatchView>(m, "RankMicroBatch", "One micro-batch as one rank sees it. linear: the ranges to load and pack (embeddings, linear layers, loss); attention: the ranges held during attention; both in packing order. groups: this rank's attention groups in the order it runs them. sends / receives: the linear -> attention remap pieces to and from other ranks (empty unless remapped).")
       .def_readonly("index", &RankMicroBatchView::index)
       .def_readonly("linear", &RankMicroBatchView::linear)
       .def_readonly("attention", &RankMicroBatchView::attention)
@@ -383,14 +383,14 @@ PYBIND11_MODULE(_ballast, m) {
         return fmt::format("RankMicroBatch(index={}, tokens={}, ranges={}, groups={}, remapped={})", v.index,
                            v.linear_tokens(), v.linear.size(), v.groups.size(), v.remapped ? "True" : "False");
       });
-  py::class_<RankView>(m, "RankView")
+  py::class_<RankView>(m, "RankView", "Everything one rank does in a planned step: one RankMicroBatch per micro-batch (every rank has the same count; some may hold no tokens).")
       .def_readonly("rank", &RankView::rank)
       .def_readonly("micro_batches", &RankView::micro_batches)
       .def("__repr__", [](const RankView& v) {
         return fmt::format("RankView(rank={}, micro_batches={})", v.rank, v.micro_batches.size());
       });
 
-  py::class_<PyPlan>(m, "Plan")
+  py::class_<PyPlan>(m, "Plan", "A validated plan for one global batch (docs/plan-format.md), with the cost model it was made for. Make one with ballast.plan(); plan.rank(r) is rank r's view; to_json() is the canonical text `ballast plan` writes.")
       .def_static("from_json", &plan_from_text, py::arg("text"), py::arg("source") = "<string>")
       .def_static("read", [](const std::string& path) {
         std::vector<PyPlan> plans;
@@ -400,18 +400,19 @@ PYBIND11_MODULE(_ballast, m) {
         }
         return plans;
       })
-      .def("to_json", [](const PyPlan& p) { return plan_to_string(p.plan); })
+      .def("to_json", [](const PyPlan& p) { return plan_to_string(p.plan); }, "The canonical JSON text (byte-identical to `ballast plan` for the same inputs).")
       .def("validate", [](const PyPlan& p) {
         const ValidationResult result = validate(p.plan, *p.cost);
         return std::pair(result.ok, result.message);
-      })
-      .def("rank", [](const PyPlan& p, int rank) { return rank_view(p.plan, rank); }, py::arg("rank"))
+      }, "(True, '') or (False, the first violated invariant in plain words).")
+      .def("rank", [](const PyPlan& p, int rank) { return rank_view(p.plan, rank); }, py::arg("rank"), "Rank `rank`'s view of the step (ValueError outside 0..ranks-1).")
       .def("attention_layout", [](const PyPlan& p, int mb, int rank) { return attention_layout(p.plan, mb, rank); },
            py::arg("micro_batch"), py::arg("rank"))
       .def("linear_layout", [](const PyPlan& p, int mb, int rank) { return linear_layout(p.plan, mb, rank); },
            py::arg("micro_batch"), py::arg("rank"))
       .def("remap_transfers", [](const PyPlan& p, int mb) { return remap_transfers(p.plan, mb); },
-           py::arg("micro_batch"))
+           py::arg("micro_batch"),
+           "Every piece the linear -> attention remap moves (src == dst included), ordered by dst_rank and then by the destination's attention packing order.")
       .def_property_readonly("strategy", [](const PyPlan& p) { return p.plan.strategy; })
       .def_property_readonly("step", [](const PyPlan& p) { return p.plan.step; })
       .def_property_readonly("ranks", [](const PyPlan& p) { return p.plan.cluster.ranks(); })
@@ -425,20 +426,20 @@ PYBIND11_MODULE(_ballast, m) {
   m.def("make_plan", &make_plan, py::arg("lengths"), py::arg("cluster"), py::arg("model"),
         py::arg("cost_model"), py::arg("strategy"), py::arg("step"));
 
-  py::class_<LowerBound>(m, "LowerBound")
+  py::class_<LowerBound>(m, "LowerBound", "A bound no plan beats (docs/simulator.md): time_s and its terms.")
       .def_readonly("time_s", &LowerBound::time_s)
       .def_readonly("compute_per_rank_s", &LowerBound::compute_per_rank_s)
       .def_readonly("overhead_s", &LowerBound::overhead_s)
       .def_readonly("gradient_sync_s", &LowerBound::gradient_sync_s)
       .def_readonly("min_micro_batches", &LowerBound::min_micro_batches)
       .def_readonly("binding", &LowerBound::binding);
-  py::class_<RankTimes>(m, "RankTimes")
+  py::class_<RankTimes>(m, "RankTimes", "One rank's simulated step: busy, communication, exposed communication, idle, peak memory.")
       .def_readonly("busy_s", &RankTimes::busy_s)
       .def_readonly("communication_s", &RankTimes::communication_s)
       .def_readonly("exposed_communication_s", &RankTimes::exposed_communication_s)
       .def_readonly("idle_s", &RankTimes::idle_s)
       .def_readonly("peak_memory_bytes", &RankTimes::peak_memory_bytes);
-  py::class_<PyReport>(m, "Report")
+  py::class_<PyReport>(m, "Report", "A simulated step (docs/simulator.md); to_json() is one step of `ballast simulate --format json`.")
       .def_property_readonly("strategy", [](const PyReport& r) { return r.report.strategy; })
       .def_property_readonly("step_time_s", [](const PyReport& r) { return r.report.step_time_s; })
       .def_property_readonly("lower_bound", [](const PyReport& r) { return r.report.lower_bound; })
