@@ -261,6 +261,16 @@ def _plan_check(self: Plan) -> None:
         raise ValueError(f"plan is invalid: {message}")
 
 
+def _plan_from_pickle(text: str) -> Plan:
+    return Plan.from_json(text, "a pickled ballast.Plan")
+
+
+def _plan_reduce(self: Plan) -> Tuple[Any, Tuple[str]]:
+    # Pickled as its canonical JSON (DataLoader workers, multiprocessing).
+    return (_plan_from_pickle, (self.to_json(),))
+
+
+Plan.__reduce__ = _plan_reduce  # type: ignore[assignment]
 Plan.__eq__ = _plan_eq  # type: ignore[assignment]
 Plan.__hash__ = None  # type: ignore[assignment]
 Plan.__repr__ = _plan_repr  # type: ignore[assignment]

@@ -130,6 +130,8 @@ def test_json_round_trip_and_determinism():
     assert ballast.plan(LENGTHS, cluster=small_cluster(), strategy="zeppelin:remap=on").to_json() == text
     assert json.loads(text)["strategy"] == "zeppelin"
     assert list(plan.lengths) == LENGTHS and plan.lengths.dtype == np.int64
+    import pickle
+    assert pickle.loads(pickle.dumps(plan)) == plan
 
 
 def test_simulate_report():

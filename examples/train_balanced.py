@@ -1,0 +1,131 @@
+"""Train a small Llama-style model on balanced batches: ballast's PyTorch glue in a
+complete training loop you can copy into yours.
+
+Run (4 processes on one machine, gloo on CPU; PYTHONPATH holds the built `ballast`):
+
+    export PYTHONPATH=build/python OMP_NUM_THREADS=1
+    torchrun --nproc_per_node 4 examples/train_balanced.py
+    torchrun --nproc_per_node 4 examples/train_balanced.py --strategy zeppelin:remap=on --rank-tokens 512
+    python3 examples/train_balanced.py --strategy packed-dp      # one process, no torch.distributed
+
+On Debian 12 (python3-torch 1.13 under Python 3.11) torchrun fails at start with
+"AttributeError: 'NoneType' object has no attribute 'get'" (its default `--redirects 0`
+no longer parses there); add `--redirects 1 --tee 1`, which keeps the output on the console:
+
+    /usr/bin/python3 -m torch.distributed.run --nproc_per_node 4 --redirects 1 --tee 1 examples/train_balanced.py
+
+What happens per step: every rank draws the same global batch of documents, plans it with
+ballast (the same plan everywhere, no communication), and loads only its share: packed
+pieces of documents, in the plan's linear layout, one micro-batch at a time. The model
+moves q, k, v to the plan's attention layout (`remap`), runs the plan's attention groups
+(`attention`) and moves the output back. The loss weights make the sum over ranks and
+micro-batches the mean loss of the whole global batch, so gradients are summed over ranks
+(not averaged) before the optimizer step. The parts to keep in your loop are marked (*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import ballast.torch as bt
+import tiny_transformer as tt  # the model and data of this example (examples/tiny_transformer.py)
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--strategy", default="zeppelin", help="ballast strategy spec (ballast.strategies())")
+    parser.add_argument("--steps", type=int, default=4, help="global batches (optimizer steps)")
+    parser.add_argument("--tokens-per-step", type=int, default=2048, help="tokens per global batch (after scaling)")
+    parser.add_argument("--length-scale", type=int, default=64,
+                        help="divide the dataset's document lengths by this (128K -> 2K at 64)")
+    parser.add_argument("--dataset", default="wlbllm", help="length distribution (ballast.datasets())")
+    parser.add_argument("--rank-tokens", type=int, default=2048,
+                        help="activation memory of one rank, in tokens (the emulated GPU's memory)")
+    parser.add_argument("--gpus-per-node", type=int, default=2, help="ranks per emulated node")
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--backend", default="gloo", help="torch.distributed backend (nccl with GPUs)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_arguments()
+    torch.set_num_threads(1)
+
+    # (*) The process group, from the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+    # MASTER_PORT). Without a launcher: one process, no torch.distributed.
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group(args.backend, rank=rank, world_size=world_size)
+
+    # The model: same seed, same initial weights on every rank.
+    torch.manual_seed(args.seed)
+    config = tt.TinyConfig()
+    model = tt.TinyTransformer(config)
+
+    # (*) Describe the job to ballast: the cluster it runs on (here: one emulated GPU per
+    # process, memory for --rank-tokens tokens) and the model. With real GPUs use a preset,
+    # e.g. ballast.Cluster.load("h100", nodes=world_size // 8) and model="llama-7b".
+    planning_model = tt.planning_model(config, tt.parameter_count(model))
+    cluster = tt.emulated_cluster(world_size, args.gpus_per_node, args.rank_tokens, planning_model)
+
+    # Data: documents of real text with a real length distribution; `lengths[i]` is the
+    # token count of document i, `batches` the global batches as index lists (the same on
+    # every rank; a BatchSampler over a RandomSampler with a seeded generator also works).
+    lengths, batches = tt.sample_documents(args.steps, args.tokens_per_step, dataset=args.dataset,
+                                           length_scale=args.length_scale, seed=args.seed)
+    documents = tt.ByteDocuments(lengths, seed=args.seed)
+
+    # (*) The balanced loader: one PackedBatch (this rank's packed tokens) per micro-batch.
+    sampler = bt.BalancedBatchSampler(lengths, batches, rank=rank, world_size=world_size, cluster=cluster,
+                                      model=planning_model, strategy=args.strategy)
+    loader = torch.utils.data.DataLoader(bt.PieceDataset(documents), batch_sampler=sampler,
+                                         collate_fn=bt.collate, num_workers=args.workers)
+    groups = bt.ProcessGroups()  # (*) the plans' attention process groups, made once each
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    step_loss = torch.zeros(1)
+    started = time.perf_counter()
+    for batch in loader:
+        # (*) Forward on this rank's tokens: embeddings, projections and loss in the linear
+        # layout; planned_attend remaps q, k, v, runs bt.attention and remaps back (see
+        # tiny_transformer.planned_attend). RoPE uses batch.position_ids: positions inside
+        # each document, continuing across a split. Run it even when the rank holds no
+        # token in this micro-batch (the tensors are empty): the others wait for it.
+        logits = model(batch.input_ids, batch.position_ids, tt.planned_attend(batch, groups))
+        # (*) Weighted sum: over all ranks and micro-batches, the mean over the global batch.
+        loss = (tt.token_losses(logits, batch.labels) * batch.loss_weight).sum()
+        loss.backward()  # gradients accumulate over the micro-batches
+        step_loss += loss.detach()
+        if batch.micro_batch + 1 < batch.num_micro_batches:
+            continue
+        # (*) End of the global batch: sum the gradients over ranks (not average: the loss
+        # weights already divide by the global target count), then step.
+        if dist.is_initialized():
+            bt.all_reduce_gradients(model.parameters())
+            dist.all_reduce(step_loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        if rank == 0:
+            plan = batch.plan
+            schemes = sorted({g.scheme for mb in plan.micro_batches for g in mb.groups})
+            print(f"step {batch.step_info.step}: loss {step_loss.item():.4f}  documents {len(plan.lengths)}  "
+                  f"tokens {int(plan.lengths.sum())}  micro-batches {plan.num_micro_batches}  "
+                  f"schemes {','.join(schemes)}  {time.perf_counter() - started:.2f} s", flush=True)
+        step_loss.zero_()
+        started = time.perf_counter()
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

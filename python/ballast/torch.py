@@ -1,0 +1,74 @@
+"""ballast.torch: feed a ballast plan to a PyTorch training loop.
+
+``import ballast`` never imports torch; ``import ballast.torch`` does. The pieces, in the
+order a training step uses them::
+
+    import ballast.torch as bt
+
+    sampler = bt.BalancedBatchSampler(lengths, batches, rank=rank, world_size=world,
+                                      cluster=cluster, model=model, strategy="zeppelin")
+    loader = torch.utils.data.DataLoader(bt.PieceDataset(documents), batch_sampler=sampler,
+                                         collate_fn=bt.collate)
+    groups = bt.ProcessGroups()
+    for batch in loader:                       # one micro-batch of this rank (a PackedBatch)
+        hidden = embed(batch.input_ids)        # linear layout: this rank's packed tokens
+        ...                                    # q, k, v with RoPE at batch.position_ids
+        qkv = bt.remap(qkv, batch, groups)     # linear -> attention layout (identity without remap)
+        out = bt.attention(q, k, v, batch, groups)
+        out = bt.remap(out, batch, groups, "to_linear")
+        ...
+        per_token = F.cross_entropy(logits, batch.labels, reduction="none")
+        (per_token * batch.loss_weight).sum().backward()
+        if batch.micro_batch == batch.num_micro_batches - 1:
+            bt.all_reduce_gradients(model.parameters())   # SUM: the loss weights already average
+            optimizer.step(); optimizer.zero_grad()
+
+Every rank computes the same plan from the same lengths, so ranks agree on who holds what
+without communicating. Every rank must run every micro-batch (also one where it holds no
+tokens: the tensors are then empty), because the attention and the remap communicate.
+
+``attention`` here is a reference: it all-gathers a split sequence's keys and values over
+its group, which is exactly the math of the plan's ring / all-gather / Ulysses schemes
+(the same result with different communication) and runs on the gloo backend. A production
+run keeps the sampler, collate, process groups and remap, and replaces ``attention`` with
+ring / Ulysses kernels (FlashAttention varlen with ``cu_seqlens``) following the same plan.
+docs/python.md has the full guide; examples/train_balanced.py a complete training loop.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ImportError as _error:  # pragma: no cover - depends on the machine
+    raise ImportError(
+        "ballast.torch needs PyTorch, which is not installed for this Python "
+        f"({_error}); on Debian: `sudo apt-get install python3-torch`, elsewhere "
+        "`pip install torch`. `import ballast` works without it.") from _error
+
+# The data side (what each rank loads and packs) and the distributed side (process groups,
+# attention, remap, gradient sum) live in two modules; this one is the public face.
+from ballast._torch_data import (  # noqa: E402
+    IGNORE_INDEX,
+    BalancedBatchSampler,
+    MicroBatchHeader,
+    MicroBatchItems,  # noqa: F401  (the sampler's item type, for annotations)
+    PackedBatch,
+    Piece,
+    PieceDataset,
+    StepInfo,
+    collate,
+)
+from ballast._torch_distributed import (  # noqa: E402
+    ProcessGroups,
+    all_reduce_gradients,
+    attention,
+    local_attention,
+    remap,
+)
+
+__all__ = [
+    "StepInfo", "Piece", "MicroBatchHeader", "BalancedBatchSampler", "PieceDataset", "PackedBatch",
+    "collate", "ProcessGroups", "local_attention", "attention", "remap", "all_reduce_gradients",
+    "IGNORE_INDEX",
+]
+
