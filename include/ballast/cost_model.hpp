@@ -143,6 +143,11 @@ class ProfiledCostModel final : public CostModel {
   ProfiledCoefficients coefficients_;
 };
 
+/// A byte count computed in floating point, as Bytes: truncated towards zero and clamped
+/// to [0, the largest int64] (NaN gives the largest). A valid but absurd model or cluster
+/// (1e300 parameters) then fails the memory checks instead of overflowing the conversion.
+Bytes saturating_bytes(double bytes);
+
 /// "analytical", a profiled preset ("flexsp-a100-192k", "flexsp-a100-384k": one
 /// coefficient set per GPT model, chosen by the model's name), or a JSON file path.
 /// Returns the spec JSON; throws InputError listing the known names.

@@ -11,7 +11,12 @@ namespace ballast {
 /// parse error with its byte offset).
 nlohmann::json read_json_file(const std::string& path);
 
-/// Reads the whole file as text; throws InputError naming the path if it cannot.
+/// Parses `text` read from `path`; throws InputError naming the path on a parse error
+/// (with its byte offset) or a number beyond a double's range.
+nlohmann::json parse_json_text(const std::string& text, const std::string& path);
+
+/// Reads the whole file as text; throws InputError naming the path if it cannot or if it
+/// is larger than kMaxInputFileBytes (1 GiB, limits.hpp).
 std::string read_text_file(const std::string& path);
 
 /// json[key] converted to T; throws InputError "<source>: field '<key>' ..." when the

@@ -95,7 +95,8 @@ struct Plan {
 
 /// Stable, deterministic JSON (keys in a fixed order, no floats formatted by locale).
 nlohmann::json to_json(const Plan& plan);
-/// Throws InputError naming `source` and the offending field.
+/// Throws InputError naming `source` and the offending field, also for a plan over the
+/// limits of limits.hpp (sequences, micro-batches, chunks + linear slices).
 Plan plan_from_json(const nlohmann::json& json, const std::string& source);
 /// The canonical text form of to_json(plan): objects one member per line, arrays of
 /// numbers (lengths, chunks, queues) on one line; ends with "\n". Byte-identical for
@@ -103,7 +104,8 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source);
 std::string plan_to_string(const Plan& plan);
 /// The plans of a file written by `ballast plan`: one plan object or a JSON array of them
 /// (element i read with source "<path>[i]"). Throws InputError for an unreadable or
-/// malformed file or an empty array.
+/// malformed file, an empty array, a file over kMaxInputFileBytes or one holding more
+/// than kMaxPlanJsonValues JSON values (counted before the document is built).
 std::vector<Plan> read_plan_file(const std::string& path);
 
 /// queues[r] for every rank: the explicit queues, or the default index order.
@@ -121,8 +123,9 @@ struct ValidationResult {
 };
 
 /// Checks, in this order, and reports the first violation: format version; the plan's
-/// cluster and model match the cost model's; rank indices in range and distinct per
-/// group; every group non-empty with a known scheme (local: one rank; ulysses: size
+/// cluster and model match the cost model's; its size within limits.hpp (sequences,
+/// micro-batches, micro-batches x GPUs, chunks + linear slices); rank indices in range and
+/// distinct per group; every group non-empty with a known scheme (local: one rank; ulysses: size
 /// divides kv_heads); routing_proxies in [1, gpus_per_node] and routing_chunks in
 /// [1, kMaxRoutingChunks]; every sequence appears in exactly one group of one micro-batch
 /// and its chunks cover [0, padded length) exactly once, with padded length >= length and

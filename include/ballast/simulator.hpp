@@ -22,6 +22,12 @@ struct TraceEvent {
   int micro_batch = -1;  ///< -1 for per-step work (gradient sync)
   Seconds start_s = 0;
   Seconds duration_s = 0;
+  /// What the interval serves, for plots (docs/simulator.md section 6): "linear",
+  /// "overhead", "remap", "gradient sync", "local", or an attention group's scheme and
+  /// tier ("ring intra-node", "ring inter-node", "ulysses inter-node", "all-gather
+  /// intra-node", ...); "" where unknown (the runtime's measured traces). The explicit
+  /// initializer keeps positional {rank, lane, ...} initializations warning-free.
+  std::string category{};
 };
 
 struct RankTimes {

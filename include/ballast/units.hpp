@@ -4,16 +4,13 @@
 #include <cstdint>
 #include <limits>
 
+#include "ballast/limits.hpp"  // kMaxSequenceTokens and the other scale limits
+
 namespace ballast {
 
 using Tokens = std::int64_t;  ///< a count of tokens (64-bit everywhere)
 using Bytes = std::int64_t;   ///< a size in bytes
 using Seconds = double;       ///< a duration or time point in seconds (traces convert to us)
-
-/// The longest sequence ballast accepts anywhere (length files, batches, plans): 2^31
-/// tokens. It keeps every derived count in 64 bits: a document's causal pairs are at most
-/// 2^61, and a batch of 10^6 such documents totals under 2^51 tokens.
-inline constexpr Tokens kMaxSequenceTokens = Tokens{1} << 31;
 
 /// a * b, or the largest int64 when it would overflow (memory checks on absurd plans
 /// must fail, never wrap around and pass). Both factors must be >= 0.

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -96,8 +97,12 @@ struct Batch {
   Tokens max_length_tokens() const;
 };
 
-/// Builds a batch from explicit lengths; throws InputError if a length is <= 0 or the
-/// batch is empty.
+/// Throws InputError naming the limit and the fix when a batch is empty, has a length
+/// <= 0 or > kMaxSequenceTokens, more than kMaxBatchSequences sequences or more than
+/// kMaxBatchTokens tokens in all (limits.hpp). Every planner checks its batch with it.
+void check_batch_limits(std::span<const Tokens> lengths_tokens);
+
+/// Builds a batch from explicit lengths; throws InputError as check_batch_limits does.
 Batch make_batch(std::vector<Tokens> lengths_tokens, std::int64_t step = 0);
 
 /// What the sampler has skipped or cut so far (reported in the output).

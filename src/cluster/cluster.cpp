@@ -16,9 +16,6 @@ namespace ballast {
 
 namespace {
 
-/// More ranks than this is certainly a typo (and would overflow per-rank tables).
-constexpr int kMaxRanks = 65536;
-
 [[noreturn]] void reject(const std::string& source, const std::string& field,
                          const std::string& problem) {
   throw InputError(fmt::format("{}: cluster field '{}' {}", source, field, problem));
@@ -43,6 +40,12 @@ void validate_topology(const Cluster& cluster, const std::string& source) {
   if (cluster.gpus_per_node < 1) {
     reject(source, "gpus_per_node", fmt::format("must be >= 1 (got {})", cluster.gpus_per_node));
   }
+  if (cluster.gpus_per_node > kMaxGpusPerNode) {
+    reject(source, "gpus_per_node",
+           fmt::format("is {}, over ballast's limit of {} GPUs per node; describe the machine "
+                       "as more nodes",
+                       cluster.gpus_per_node, kMaxGpusPerNode));
+  }
   if (cluster.nics_per_node < 1) {
     reject(source, "nics_per_node", fmt::format("must be >= 1 (got {})", cluster.nics_per_node));
   }
@@ -53,8 +56,11 @@ void validate_topology(const Cluster& cluster, const std::string& source) {
   }
   if (static_cast<long long>(cluster.nodes) * cluster.gpus_per_node > kMaxRanks) {
     reject(source, "nodes",
-           fmt::format("x gpus_per_node = {} ranks, more than the {} ballast supports",
-                       static_cast<long long>(cluster.nodes) * cluster.gpus_per_node, kMaxRanks));
+           fmt::format("({}) x gpus_per_node ({}) = {} GPUs, over ballast's limit of {} GPUs "
+                       "per cluster; use at most {} nodes",
+                       cluster.nodes, cluster.gpus_per_node,
+                       static_cast<long long>(cluster.nodes) * cluster.gpus_per_node, kMaxRanks,
+                       kMaxRanks / cluster.gpus_per_node));
   }
 }
 
@@ -148,6 +154,14 @@ Cluster load_cluster(const std::string& preset_or_file, std::optional<int> nodes
   if (nodes) {
     if (*nodes < 1) {
       throw InputError(fmt::format("--nodes must be >= 1 (got {})", *nodes));
+    }
+    if (static_cast<long long>(*nodes) * cluster.gpus_per_node > kMaxRanks) {
+      throw InputError(fmt::format(
+          "--nodes {} gives {} x {} = {} GPUs, over ballast's limit of {} GPUs per cluster; use "
+          "--nodes {} or fewer",
+          *nodes, *nodes, cluster.gpus_per_node,
+          static_cast<long long>(*nodes) * cluster.gpus_per_node, kMaxRanks,
+          kMaxRanks / cluster.gpus_per_node));
     }
     cluster.nodes = *nodes;
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -22,6 +23,14 @@ Tokens arithmetic_sum(Tokens first, Tokens last) {
 }
 
 }  // namespace
+
+Bytes saturating_bytes(double bytes) {
+  // 2^63 is exact as a double; every double below it converts to int64 without overflow.
+  constexpr double kTwoTo63 = 9223372036854775808.0;
+  if (!(bytes < kTwoTo63)) return std::numeric_limits<Bytes>::max();  // also NaN
+  if (!(bytes > 0)) return 0;
+  return static_cast<Bytes>(bytes);
+}
 
 Tokens causal_pairs(const AttentionBlock& block) {
   // Query q sees keys k in [kv_begin, kv_end) with k <= q: min(q - kv_begin + 1, kv size)
@@ -131,17 +140,17 @@ Bytes CostModel::model_state_bytes_per_rank() const {
   // master weights, Adam m and v) = 16 bytes per parameter, sharded over all ranks
   // (Rajbhandari et al., "ZeRO", SC'20, section 3).
   constexpr double kModelStateBytesPerParameter = 16.0;
-  return static_cast<Bytes>(
+  return saturating_bytes(
       std::ceil(model_.parameters * kModelStateBytesPerParameter / cluster_.ranks()));
 }
 
 Bytes CostModel::activation_bytes_per_token() const {
-  return static_cast<Bytes>(std::ceil(model_.activation_bytes_per_token));
+  return saturating_bytes(std::ceil(model_.activation_bytes_per_token));
 }
 
 Bytes CostModel::memory_limit_bytes() const {
-  return static_cast<Bytes>(static_cast<double>(cluster_.gpu_memory_bytes) *
-                            cluster_.memory_usable_fraction);
+  return saturating_bytes(static_cast<double>(cluster_.gpu_memory_bytes) *
+                          cluster_.memory_usable_fraction);
 }
 
 Tokens CostModel::token_capacity_per_rank() const {

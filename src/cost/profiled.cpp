@@ -75,16 +75,16 @@ Seconds ProfiledCostModel::gradient_sync_time_s() const {
 }
 
 Bytes ProfiledCostModel::model_state_bytes_per_rank() const {
-  return static_cast<Bytes>(std::ceil(coefficients_.parameters_gi * kGiB *
-                                      kModelStateBytesPerParameter / cluster_.ranks()));
+  return saturating_bytes(std::ceil(coefficients_.parameters_gi * kGiB *
+                                    kModelStateBytesPerParameter / cluster_.ranks()));
 }
 
 Bytes ProfiledCostModel::activation_bytes_per_token() const {
-  return static_cast<Bytes>(std::ceil(coefficients_.activation_mib_per_token * kMiB));
+  return saturating_bytes(std::ceil(coefficients_.activation_mib_per_token * kMiB));
 }
 
 Bytes ProfiledCostModel::memory_limit_bytes() const {
-  return static_cast<Bytes>(coefficients_.memory_limit_gib * kGiB);
+  return saturating_bytes(coefficients_.memory_limit_gib * kGiB);
 }
 
 }  // namespace ballast

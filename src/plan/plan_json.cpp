@@ -150,8 +150,20 @@ class Reader {
 
   const std::string& source() const { return source_; }
 
+  /// Counts `count` more chunks or linear slices at `path`; fails past kMaxPlanChunks
+  /// before they are allocated.
+  void add_chunks(std::size_t count, const JsonPath& path) const {
+    chunks_ += static_cast<std::int64_t>(count);
+    if (chunks_ > kMaxPlanChunks) {
+      fail(path, fmt::format("the plan holds more than {} attention chunks and linear slices, "
+                             "ballast's limit per plan; plan fewer sequences per step",
+                             kMaxPlanChunks));
+    }
+  }
+
  private:
   std::string source_;
+  mutable std::int64_t chunks_ = 0;
 };
 
 Chunk chunk_from_json(const Reader& reader, const json& value, const JsonPath& path) {
@@ -180,6 +192,7 @@ SequenceChunks sequence_from_json(const Reader& reader, const json& value, const
       reader.integer(reader.member(value, path, "padded_length_tokens"), padded_path);
   const JsonPath chunks_path = path.member("chunks");
   const json& chunks = reader.array(reader.member(value, path, "chunks"), chunks_path);
+  reader.add_chunks(chunks.size(), chunks_path);
   sequence.chunks.reserve(chunks.size());
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     sequence.chunks.push_back(chunk_from_json(reader, chunks[i], chunks_path.element(i)));
@@ -251,6 +264,7 @@ MicroBatch micro_batch_from_json(const Reader& reader, const json& value, const 
   if (const json* layout = reader.optional_member(value, "linear_layout")) {
     const JsonPath layout_path = path.member("linear_layout");
     reader.array(*layout, layout_path);
+    reader.add_chunks(layout->size(), layout_path);
     micro_batch.linear_layout.reserve(layout->size());
     for (std::size_t i = 0; i < layout->size(); ++i) {
       micro_batch.linear_layout.push_back(
@@ -331,12 +345,27 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   const JsonPath lengths_path = root.member("sequence_lengths_tokens");
   const auto& lengths =
       reader.array(reader.member(json, root, "sequence_lengths_tokens"), lengths_path);
+  if (static_cast<std::int64_t>(lengths.size()) > kMaxBatchSequences) {
+    reader.fail(lengths_path, fmt::format("{} sequences, over ballast's limit of {} per plan; "
+                                          "plan fewer sequences per step",
+                                          lengths.size(), kMaxBatchSequences));
+  }
   plan.sequence_lengths_tokens.reserve(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     plan.sequence_lengths_tokens.push_back(reader.integer(lengths[i], lengths_path.element(i)));
   }
   const JsonPath batches_path = root.member("micro_batches");
   const auto& batches = reader.array(reader.member(json, root, "micro_batches"), batches_path);
+  const auto micro_batches = static_cast<std::int64_t>(batches.size());
+  if (micro_batches > kMaxMicroBatches ||
+      micro_batches * plan.cluster.ranks() > kMaxRankMicroBatches) {
+    reader.fail(batches_path,
+                fmt::format("{} micro-batches on {} GPUs, over ballast's limits of {} "
+                            "micro-batches and {} micro-batches x GPUs per plan; split the "
+                            "batch into several steps",
+                            micro_batches, plan.cluster.ranks(), kMaxMicroBatches,
+                            kMaxRankMicroBatches));
+  }
   for (std::size_t i = 0; i < batches.size(); ++i) {
     plan.micro_batches.push_back(
         micro_batch_from_json(reader, batches[i], batches_path.element(i)));
@@ -382,8 +411,55 @@ std::string plan_to_string(const Plan& plan) {
   return out + "\n";
 }
 
+namespace {
+
+/// Counts JSON values without building the document; stops past kMaxPlanJsonValues.
+class ValueCounter final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool null() override { return count(); }
+  bool boolean(bool) override { return count(); }
+  bool number_integer(number_integer_t) override { return count(); }
+  bool number_unsigned(number_unsigned_t) override { return count(); }
+  bool number_float(number_float_t, const string_t&) override { return count(); }
+  bool string(string_t&) override { return count(); }
+  bool binary(binary_t&) override { return count(); }
+  bool start_object(std::size_t) override { return count(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return count(); }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;  // the document parse below reports it
+  }
+  bool over_limit() const { return values_ > kMaxPlanJsonValues; }
+
+ private:
+  bool count() { return ++values_ <= kMaxPlanJsonValues; }
+  std::int64_t values_ = 0;
+};
+
+/// The plan file parsed, after checking that its document stays within
+/// kMaxPlanJsonValues values (a parsed value takes ~30 bytes, 10x its text).
+nlohmann::json read_plan_json(const std::string& path) {
+  const std::string text = read_text_file(path);
+  // Every value takes at least one byte, so only larger files can be over the limit.
+  if (static_cast<std::int64_t>(text.size()) > kMaxPlanJsonValues) {
+    ValueCounter counter;
+    nlohmann::json::sax_parse(text, &counter);
+    if (counter.over_limit()) {
+      throw InputError(fmt::format(
+          "{}: the plan file holds more than {} JSON values, ballast's limit for a plan file "
+          "(a plan holds at most {} chunks); plan fewer sequences per step",
+          path, kMaxPlanJsonValues, kMaxPlanChunks));
+    }
+  }
+  return parse_json_text(text, path);
+}
+
+}  // namespace
+
 std::vector<Plan> read_plan_file(const std::string& path) {
-  const nlohmann::json json = read_json_file(path);
+  const nlohmann::json json = read_plan_json(path);
   std::vector<Plan> plans;
   if (json.is_array()) {
     for (std::size_t i = 0; i < json.size(); ++i) {

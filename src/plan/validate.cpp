@@ -140,6 +140,49 @@ Violation check_matches_cost(const Plan& plan, const CostModel& cost) {
   return first_difference("model", to_json(plan.model), to_json(cost.model()));
 }
 
+/// The plan's size against limits.hpp, before any check allocates per-rank or
+/// per-sequence tables.
+Violation check_size(const Plan& plan) {
+  const auto sequences = static_cast<std::int64_t>(plan.sequence_lengths_tokens.size());
+  if (sequences > kMaxBatchSequences) {
+    return fmt::format("the plan has {} sequences, over ballast's limit of {} per plan",
+                       with_thousands(sequences), with_thousands(kMaxBatchSequences));
+  }
+  const auto micro_batches = static_cast<std::int64_t>(plan.micro_batches.size());
+  const std::int64_t ranks = std::max(plan.cluster.ranks(), 1);
+  if (micro_batches > kMaxMicroBatches || micro_batches * ranks > kMaxRankMicroBatches) {
+    return fmt::format(
+        "the plan has {} micro-batches on {} GPUs, over ballast's limits of {} micro-batches "
+        "and {} micro-batches x GPUs per plan",
+        with_thousands(micro_batches), ranks, with_thousands(kMaxMicroBatches),
+        with_thousands(kMaxRankMicroBatches));
+  }
+  std::int64_t chunks = 0;
+  std::int64_t ring_steps = 0;  // <= groups x 2^32: no overflow
+  for (const auto& micro_batch : plan.micro_batches) {
+    chunks += static_cast<std::int64_t>(micro_batch.linear_layout.size());
+    for (const auto& group : micro_batch.groups) {
+      const auto size = static_cast<std::int64_t>(group.ranks.size());
+      if (group.scheme == Scheme::ring && size > 1) ring_steps += size * size;
+      for (const auto& sequence : group.sequences) {
+        chunks += static_cast<std::int64_t>(sequence.chunks.size());
+      }
+    }
+  }
+  if (chunks > kMaxPlanChunks) {
+    return fmt::format(
+        "the plan has {} attention chunks and linear slices, over ballast's limit of {} per plan",
+        with_thousands(chunks), with_thousands(kMaxPlanChunks));
+  }
+  if (ring_steps > kMaxRingSteps) {
+    return fmt::format(
+        "the plan's rings take {} simulated steps (the sum of their sizes squared), over "
+        "ballast's limit of {} per plan",
+        with_thousands(ring_steps), with_thousands(kMaxRingSteps));
+  }
+  return std::nullopt;
+}
+
 Violation check_group_ranks(const Plan& plan) {
   const int ranks = plan.cluster.ranks();
   std::vector<std::size_t> seen_in_group(static_cast<std::size_t>(std::max(ranks, 0)), 0);
@@ -233,6 +276,14 @@ Violation check_lengths(const Plan& plan) {
       return fmt::format("sequence {} has length {} tokens, over ballast's limit of 2^31 = {}",
                          id, lengths[id], kMaxSequenceTokens);
     }
+  }
+  // At most 10^6 lengths of at most 2^31 tokens (check_size, above): no overflow.
+  Tokens total = 0;
+  for (const Tokens length : lengths) total += length;
+  if (total > kMaxBatchTokens) {
+    return fmt::format("the plan's sequences hold {} tokens, over ballast's limit of 2^40 = {} "
+                       "tokens per batch",
+                       with_thousands(total), with_thousands(kMaxBatchTokens));
   }
   return std::nullopt;
 }
@@ -497,6 +548,7 @@ ValidationResult validate(const Plan& plan, const CostModel& cost) {
   // before queues), so the order is part of the contract (docs/plan-format.md).
   Violation violation = check_version(plan);
   if (!violation) violation = check_matches_cost(plan, cost);
+  if (!violation) violation = check_size(plan);
   if (!violation) violation = check_group_ranks(plan);
   if (!violation) violation = check_group_shapes(plan);
   if (!violation) violation = check_routing(plan);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 #include <unordered_map>
+#include <utility>
 
 #include "ballast/error.hpp"
 #include "ballast/plan_layout.hpp"
@@ -107,6 +108,10 @@ void PlanAttentionEngine::timed_wait(const char* name, const std::function<void(
   stats_.waits.push_back({name, start, duration});
 }
 
+void PlanAttentionEngine::run_fault_hook(const char* where) {
+  if (fault_hook_) std::exchange(fault_hook_, nullptr)(where);
+}
+
 void PlanAttentionEngine::count_sent(int peer, std::int64_t bytes) {
   if (peer == rank_) return;
   (plan_.cluster.same_node(rank_, peer) ? stats_.intra_node_bytes_sent
@@ -187,6 +192,7 @@ void PlanAttentionEngine::exchange(const std::vector<std::vector<float>>& send,
                         comm_, &requests.back()),
               "MPI_Isend");
   }
+  run_fault_hook("in a group exchange, messages in flight");
   timed_wait("exchange", [&] {
     check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");
@@ -222,6 +228,7 @@ void PlanAttentionEngine::forward(int layer, const AttentionShape& shape, const 
   } else {
     std::copy(saved.out.begin(), saved.out.end(), out);
   }
+  run_fault_hook("after an attention forward that posted no messages");
 }
 
 void PlanAttentionEngine::backward(int layer, const AttentionShape& shape, const TokenBatch& batch,

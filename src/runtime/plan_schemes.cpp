@@ -258,6 +258,7 @@ void PlanAttentionEngine::ring_shift(const AttentionGroup& group, int group_inde
   } else {
     post_send(send, sizes[static_cast<std::size_t>(i)], next, tag);
   }
+  run_fault_hook("in a ring shift, messages in flight");
   compute();
   timed_wait("ring", [&] {
     std::vector<MPI_Request> relay_requests;

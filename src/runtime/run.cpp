@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
 #include <fstream>
 #include <numeric>
 
 #include "ballast/error.hpp"
 #include "ballast/runtime/corpus.hpp"
+#include "ballast/runtime/fault.hpp"
 #include "ballast/runtime/mpi.hpp"
 #include "ballast/runtime/plan_engine.hpp"
 #include "ballast/strategy.hpp"
@@ -26,6 +28,42 @@ double activation_bytes_per_token(const ModelConfig& model) {
   const double per_layer = 6.0 * model.hidden + 2.0 * model.kv_heads * model.head_dim() +
                            3.0 * model.ffn_hidden;
   return 4.0 * (per_layer * model.layers + 2.0 * model.hidden + model.vocab);
+}
+
+/// Throws InputError naming `source` when `plan` cannot run on this job: another rank
+/// count, other heads or KV heads than the model (Ulysses members own head ranges, so
+/// the plan's groups were sized for its heads), or a micro-batch whose MPI messages would
+/// not fit MPI's int element counts. The plan's layers, hidden size and FFN only set its
+/// costs and memory, not what runs, so they may differ. Runs on every rank before any
+/// communication, so every rank raises the same error and none blocks in MPI.
+void check_plan_matches_job(const Plan& plan, const RunOptions& options, int ranks, const std::string& source) {
+  if (plan.cluster.ranks() != ranks) {
+    throw InputError(fmt::format("{}: the plan is for {} ranks but the job has {}; run with "
+                                 "mpirun -np {}", source, plan.cluster.ranks(), ranks,
+                                 plan.cluster.ranks()));
+  }
+  if (plan.model.heads != options.model.heads || plan.model.kv_heads != options.model.kv_heads) {
+    throw InputError(fmt::format("{}: the plan is for {} heads / {} KV heads but the model has {} / {}; "
+                                 "pass --heads {} --kv-heads {} to match", source,
+                                 plan.model.heads, plan.model.kv_heads, options.model.heads,
+                                 options.model.kv_heads, plan.model.heads, plan.model.kv_heads));
+  }
+  // The largest message of a micro-batch (a ring block's [K, V, dK, dV], a Ulysses
+  // member's QKV columns, a remap of hidden-wide rows) is at most 4 x hidden floats per
+  // token of the micro-batch; MPI counts and displacements are int.
+  for (std::size_t m = 0; m < plan.micro_batches.size(); ++m) {
+    Tokens tokens = 0;
+    for (const AttentionGroup& group : plan.micro_batches[m].groups) {
+      for (const SequenceChunks& sequence : group.sequences) tokens += sequence.padded_length_tokens;
+    }
+    const double floats = 4.0 * static_cast<double>(options.model.hidden) * static_cast<double>(tokens);
+    if (floats > INT_MAX) {
+      throw InputError(fmt::format("{}: micro-batch {} holds {} tokens; with hidden size {} its MPI "
+                                   "messages would reach {:.3g} floats, beyond MPI's int counts ({}); "
+                                   "plan fewer tokens per micro-batch or use a smaller --hidden",
+                                   source, m, tokens, options.model.hidden, floats, INT_MAX));
+    }
+  }
 }
 
 }  // namespace
@@ -92,25 +130,22 @@ RunReport run_training(const RunOptions& options, MPI_Comm comm) {
   options.model.check();
   if (options.length_scale < 1) throw InputError("--length-scale must be at least 1");
   if (options.rank_tokens < 1) throw InputError("--rank-tokens must be at least 1");
+  if (options.plan_path.empty() && options.settings.steps < 1) {
+    throw InputError(fmt::format("--steps {} must be at least 1", options.settings.steps));
+  }
+  // Test-only (fault.hpp): read once, so a step costs one comparison when it is unset.
+  const std::optional<FaultInjection> fault = fault_from_environment();
 
   std::vector<Plan> plans;
   std::unique_ptr<CostModel> cost;
   if (!options.plan_path.empty()) {
     plans = read_plan_file(options.plan_path);
-    for (const Plan& plan : plans) {
-      if (plan.cluster.ranks() != ranks) {
-        throw InputError(fmt::format("{}: the plan is for {} ranks but the job has {}; run with "
-                                     "mpirun -np {}", options.plan_path, plan.cluster.ranks(), ranks,
-                                     plan.cluster.ranks()));
-      }
-      if (plan.model.heads != options.model.heads || plan.model.kv_heads != options.model.kv_heads) {
-        throw InputError(fmt::format("{}: the plan is for {} heads / {} KV heads but the model has {} / {}; "
-                                     "pass --heads and --kv-heads to match", options.plan_path,
-                                     plan.model.heads, plan.model.kv_heads, options.model.heads,
-                                     options.model.kv_heads));
-      }
-      const auto plan_cost = make_cost_model(plan.cost_model, plan.cluster, plan.model);
-      require_valid(plan, *plan_cost, options.plan_path);
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      const std::string source =
+          plans.size() == 1 ? options.plan_path : fmt::format("{}[{}]", options.plan_path, i);
+      check_plan_matches_job(plans[i], options, ranks, source);
+      const auto plan_cost = make_cost_model(plans[i].cost_model, plans[i].cluster, plans[i].model);
+      require_valid(plans[i], *plan_cost, source);
     }
   } else {
     cost = make_cost_model(load_cost_model_spec("analytical"), run_cluster(options, ranks),
@@ -126,12 +161,23 @@ RunReport run_training(const RunOptions& options, MPI_Comm comm) {
       batch = make_batch(batch.lengths_tokens, step);
       Plan plan = spec.planner->plan(batch, *cost, spec.options);
       require_valid(plan, *cost, "made by " + options.strategy);
+      check_plan_matches_job(plan, options, ranks, fmt::format("step {} planned by {}", step, options.strategy));
       plans.push_back(std::move(plan));
     }
   }
 
+  if (fault && (fault->rank >= ranks || fault->step >= static_cast<int>(plans.size()))) {
+    throw InputError(fmt::format("{}={}: the job has ranks 0-{} and steps 0-{}; the fault would never fire",
+                                 kFaultVariable, fault->spec, ranks - 1, plans.size() - 1));
+  }
+
   const Corpus corpus = load_corpus(options.corpus);
   Parameters parameters = init_parameters(options.model, options.settings.sampler.seed);
+  if (parameters.values.size() > static_cast<std::size_t>(INT_MAX)) {
+    throw InputError(fmt::format("the model has {} parameters; the gradient all-reduce is one MPI message "
+                                 "with an int count (at most {}); use a smaller --hidden, --layers or --ffn",
+                                 parameters.values.size(), INT_MAX));
+  }
   AdamWState adam;
   RunReport report;
   report.strategy = options.plan_path.empty() ? options.strategy : plans.front().strategy;
@@ -141,6 +187,10 @@ RunReport run_training(const RunOptions& options, MPI_Comm comm) {
 
   for (std::size_t s = 0; s < plans.size(); ++s) {
     const Plan& plan = plans[s];
+    const bool fault_now = fault && fault->rank == rank && fault->step == static_cast<int>(s);
+    if (fault_now && fault->phase == FaultInjection::Phase::step_start) {
+      trigger_fault(*fault, "at the start of the step");
+    }
     std::vector<Tokens> lengths(plan.sequence_lengths_tokens.begin(), plan.sequence_lengths_tokens.end());
     const auto documents = cut_documents(corpus, lengths, options.settings.sampler.seed + s);
     check_mpi(MPI_Barrier(comm), "MPI_Barrier");
@@ -154,6 +204,9 @@ RunReport run_training(const RunOptions& options, MPI_Comm comm) {
     std::vector<TraceEvent> events;
     for (std::size_t m = 0; m < plan.micro_batches.size(); ++m) {
       PlanAttentionEngine engine(plan, static_cast<int>(m), comm);
+      if (fault_now && fault->phase == FaultInjection::Phase::attention && m == 0) {
+        engine.set_fault_hook([&fault](const char* where) { trigger_fault(*fault, where); });
+      }
       const TokenBatch batch = engine.linear_batch(documents);
       const double start = MPI_Wtime();
       const StepOutput out = forward_backward(options.model, parameters, batch, engine);

@@ -11,8 +11,9 @@ namespace ballast {
 
 namespace {
 
+/// numerator >= 0, denominator > 0; no overflow even for a denominator near 2^63.
 Tokens ceil_div(Tokens numerator, Tokens denominator) {
-  return (numerator + denominator - 1) / denominator;
+  return numerator / denominator + (numerator % denominator != 0 ? 1 : 0);
 }
 
 /// Linear layers plus attention at its pair floor, forward and backward, all sequences.
@@ -33,11 +34,20 @@ Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel&
 LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
   const int ranks = cost.cluster().ranks();
   BALLAST_CHECK(ranks > 0, "a validated cluster has ranks");
-  Tokens total_tokens = 0;
+  if (static_cast<std::int64_t>(lengths_tokens.size()) > kMaxBatchSequences) {
+    throw InputError(fmt::format("sequence lengths: {} sequences, over ballast's limit of {}",
+                                 lengths_tokens.size(), kMaxBatchSequences));
+  }
+  Tokens total_tokens = 0;  // at most 10^6 x 2^31 < 2^51
   for (Tokens length : lengths_tokens) {
     if (length < 0) {
       throw InputError(
           fmt::format("sequence lengths: {} is negative; lengths are token counts >= 0", length));
+    }
+    if (length > kMaxSequenceTokens) {
+      throw InputError(fmt::format(
+          "sequence lengths: {} is over ballast's limit of 2^31 = {} tokens", length,
+          kMaxSequenceTokens));
     }
     total_tokens += length;
   }
@@ -47,7 +57,8 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
 
   LowerBound bound;
   // An empty batch needs no micro-batch (and pays no overhead).
-  bound.min_micro_batches = ceil_div(total_tokens, ranks * capacity_tokens);
+  // Saturating: a cluster with absurd memory has a capacity near 2^63 tokens per rank.
+  bound.min_micro_batches = ceil_div(total_tokens, saturating_multiply(ranks, capacity_tokens));
   bound.compute_per_rank_s = total_compute_s(lengths_tokens, cost) / ranks;
   bound.overhead_s = static_cast<double>(bound.min_micro_batches) * overhead_s;
   bound.gradient_sync_s = cost.gradient_sync_time_s();

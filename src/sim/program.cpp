@@ -160,6 +160,7 @@ class StepBuilder {
   void add_overhead(int m, const MicroBatchLayout& layout, Pass pass) {
     const Seconds overhead_s = cost_.micro_batch_overhead_s(pass);
     if (overhead_s <= 0) return;
+    graph_.set_category("overhead");
     for (int rank = 0; rank < ranks(); ++rank) {
       if (!layout.participates[rank]) continue;
       cursor_[rank] = graph_.add_compute(rank, m, overhead_s, {cursor_[rank]}, [&] {
@@ -170,6 +171,7 @@ class StepBuilder {
 
   void add_linear(int m, const MicroBatchLayout& layout, Pass pass, const char* what,
                   double fraction) {
+    graph_.set_category("linear");
     for (int rank = 0; rank < ranks(); ++rank) {
       const Seconds duration_s = cost_.linear_time_s(layout.linear_tokens[rank], pass) * fraction;
       if (!layout.participates[rank] || duration_s <= 0) continue;
@@ -183,6 +185,7 @@ class StepBuilder {
   /// transfers, its outgoing ones start when it reaches the remap.
   void add_remap(int m, const MicroBatchLayout& layout, Pass pass, bool to_attention) {
     if (layout.flows.empty()) return;
+    graph_.set_category("remap");
     BuildContext ctx = context(m);
     const Bytes bytes_per_token = cost_.model().hidden_bytes_per_token();
     std::map<int, std::vector<int>> incoming;
@@ -205,6 +208,7 @@ class StepBuilder {
   void add_gradient_sync() {
     std::vector<int> everyone(cursor_.size());
     for (int rank = 0; rank < ranks(); ++rank) everyone[rank] = rank;
+    graph_.set_category("gradient sync");
     graph_.add_collective(everyone, -1, cost_.gradient_sync_time_s(),
                           ports_.collective_ports(everyone), cursor_,
                           [] { return std::string("gradient sync"); });

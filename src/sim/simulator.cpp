@@ -103,7 +103,8 @@ std::vector<TraceEvent> trace_of(const sim::TaskGraph& graph) {
     for (std::size_t p = 0; p < parties.size(); ++p) {
       TraceEvent event{parties[p],     lane_of(task.kind, p == 0),
                        graph.name(id), task.micro_batch,
-                       task.start_s,   task.duration_s};
+                       task.start_s,   task.duration_s,
+                       graph.category(id)};
       keyed.emplace_back(event.rank, event.start_s, lane_number(event.lane), id, std::move(event));
     }
   }
@@ -184,11 +185,21 @@ Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, i
     throw InputError(fmt::format("isolated_transfer_time_s: routing_chunks {} is outside [1, {}]",
                                  routing_chunks, kMaxRoutingChunks));
   }
-  const sim::LinkPorts ports(cluster);
+  // On an idle cluster only the two nodes' links carry the transfer: it is built on a copy
+  // of the cluster holding just those nodes, ranks renumbered (src on node 0, dst on node
+  // 0 or 1; the cost model's node test and proxy choice agree on them), so a call costs
+  // O(GPUs per node) instead of O(ranks) (zeppelin prices thousands per plan).
+  const int gpus = cluster.gpus_per_node;
+  const bool same_node = cluster.same_node(src_rank, dst_rank);
+  Cluster pair = cluster;
+  pair.nodes = same_node ? 1 : 2;
+  const int src = src_rank % gpus;
+  const int dst = (same_node ? 0 : gpus) + dst_rank % gpus;
+  const sim::LinkPorts ports(pair);
   sim::TaskGraph graph(/*keep_names=*/false);
-  std::vector<int> cursor(static_cast<std::size_t>(cluster.ranks()), -1);
+  std::vector<int> cursor(static_cast<std::size_t>(pair.ranks()), -1);
   sim::BuildContext ctx{cost, ports, graph, cursor};
-  const int arrival = sim::add_p2p(ctx, src_rank, dst_rank, bytes_per_layer, -1, routing_proxies,
+  const int arrival = sim::add_p2p(ctx, src, dst, bytes_per_layer, -1, routing_proxies,
                                    routing_chunks, [] { return std::string(); });
   graph.run(ports.count());
   return arrival < 0 ? 0.0 : graph.task(arrival).end_s();

@@ -75,7 +75,10 @@ int TaskGraph::add_join(std::span<const int> deps) {
   if (real.size() == 1) return real.front();
   const int id = add_task(TaskKind::join, -1, 0.0, {}, {}, {});
   for (int dep : real) depend(id, dep);
-  if (keep_names_) names_.emplace_back();
+  if (keep_names_) {
+    names_.emplace_back();
+    categories_.push_back("");
+  }
   return id;
 }
 

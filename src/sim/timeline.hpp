@@ -87,6 +87,11 @@ class TaskGraph {
   std::span<const int> parties(int id) const;
   /// Empty unless the graph keeps names.
   const std::string& name(int id) const;
+  /// What the tasks added from now on serve, for the trace (docs/simulator.md section 6:
+  /// "linear", "remap", "ring inter-node", ...); a string literal. Kept with the names.
+  void set_category(const char* category) { category_ = category; }
+  /// "" unless the graph keeps names.
+  const char* category(int id) const { return keep_names_ ? categories_[id] : ""; }
 
  private:
   int add_task(TaskKind kind, int micro_batch, Seconds duration_s, std::span<const int> ports,
@@ -94,7 +99,10 @@ class TaskGraph {
   void depend(int task_id, int dep_id);
   template <typename NameFn>
   int named(int id, NameFn&& name) {
-    if (keep_names_) names_.emplace_back(name());
+    if (keep_names_) {
+      names_.emplace_back(name());
+      categories_.push_back(category_);
+    }
     return id;
   }
 
@@ -104,6 +112,8 @@ class TaskGraph {
   std::vector<int> party_pool_;
   std::vector<std::pair<int, int>> edges_;  ///< (dependency, dependent)
   std::vector<std::string> names_;          ///< names_[id] when keep_names_; joins get ""
+  std::vector<const char*> categories_;     ///< categories_[id] when keep_names_
+  const char* category_ = "";
 };
 
 }  // namespace ballast::sim

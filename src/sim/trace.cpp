@@ -44,6 +44,8 @@ void write_chrome_trace(const SimulationReport& report, std::ostream& out) {
     }
   }
   for (const TraceEvent& event : report.trace) {
+    nlohmann::json args = {{"micro_batch", event.micro_batch}};
+    if (!event.category.empty()) args["category"] = event.category;
     events.push_back({{"name", event.name},
                       {"cat", event.lane},
                       {"ph", "X"},
@@ -51,7 +53,7 @@ void write_chrome_trace(const SimulationReport& report, std::ostream& out) {
                       {"tid", lane_id(event.lane)},
                       {"ts", event.start_s * kMicrosecondsPerSecond},
                       {"dur", event.duration_s * kMicrosecondsPerSecond},
-                      {"args", {{"micro_batch", event.micro_batch}}}});
+                      {"args", std::move(args)}});
   }
   const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
   out << trace.dump() << '\n';

@@ -27,18 +27,42 @@ std::vector<int> consecutive_ranks(int first_rank, int count) {
   return ranks;
 }
 
+namespace {
+
+/// The fewest micro-batches any plan of the batch has (the lower bound's: every rank holds
+/// at most its token capacity per micro-batch) against kMaxMicroBatches and
+/// kMaxRankMicroBatches, before a planner builds per-micro-batch tables.
+void check_micro_batch_limits(const Batch& batch, const CostModel& cost,
+                              const std::string& strategy) {
+  const int ranks = cost.cluster().ranks();
+  const Tokens cluster_tokens = saturating_multiply(ranks, cost.token_capacity_per_rank());
+  const Tokens total = batch.total_tokens();  // <= kMaxBatchTokens: no overflow below
+  const std::int64_t needed = total / cluster_tokens + (total % cluster_tokens != 0 ? 1 : 0);
+  const std::int64_t limit = std::min(kMaxMicroBatches, kMaxRankMicroBatches / ranks);
+  if (needed <= limit) return;
+  throw PlanningError(fmt::format(
+      "{} cannot plan the batch: its {} tokens need at least {} micro-batches on {} GPUs of "
+      "{} tokens each, more than the {} a plan on {} GPUs may hold (ballast's limits: {} "
+      "micro-batches, and micro-batches x GPUs <= {}); split the batch into several steps",
+      strategy, with_thousands(total), with_thousands(needed), ranks,
+      with_thousands(cost.token_capacity_per_rank()), with_thousands(limit), ranks,
+      with_thousands(kMaxMicroBatches), with_thousands(kMaxRankMicroBatches)));
+}
+
+}  // namespace
+
 Plan make_plan_skeleton(const Batch& batch, const CostModel& cost, const std::string& strategy) {
   if (batch.lengths_tokens.empty()) {
     throw InputError(fmt::format("{}: the batch (step {}) is empty; give at least one sequence",
                                  strategy, batch.step));
   }
-  for (std::size_t id = 0; id < batch.lengths_tokens.size(); ++id) {
-    if (batch.lengths_tokens[id] <= 0) {
-      throw InputError(
-          fmt::format("{}: sequence {} of the batch has length {}; every length must be positive",
-                      strategy, id, batch.lengths_tokens[id]));
-    }
+  // A Batch may be built without make_batch: the same limits, named for this strategy.
+  try {
+    check_batch_limits(batch.lengths_tokens);
+  } catch (const InputError& error) {
+    throw InputError(fmt::format("{}: {}", strategy, error.what()));
   }
+  check_micro_batch_limits(batch, cost, strategy);
   Plan plan;
   plan.strategy = strategy;
   plan.cluster = cost.cluster();
@@ -47,6 +71,23 @@ Plan make_plan_skeleton(const Batch& batch, const CostModel& cost, const std::st
   plan.step = batch.step;
   plan.sequence_lengths_tokens = batch.lengths_tokens;
   return plan;
+}
+
+void check_plan_chunks(std::int64_t chunks, const std::string& strategy, const std::string& why) {
+  if (chunks <= kMaxPlanChunks) return;
+  throw PlanningError(fmt::format(
+      "{} would make a plan of {} attention chunks ({}), over ballast's limit of {} chunks "
+      "per plan; plan fewer sequences per step or use a smaller degree",
+      strategy, with_thousands(chunks), why, with_thousands(kMaxPlanChunks)));
+}
+
+void check_ring_steps(std::int64_t steps, const std::string& strategy, const std::string& why) {
+  if (steps <= kMaxRingSteps) return;
+  throw PlanningError(fmt::format(
+      "{} would make a plan whose rings take {} simulated steps ({}; a ring of g GPUs takes "
+      "g^2), over ballast's limit of {} per plan; use smaller rings (a lower degree, or "
+      "lower --max-context) or fewer micro-batches per step",
+      strategy, with_thousands(steps), why, with_thousands(kMaxRingSteps)));
 }
 
 std::vector<Pack> best_fit_decreasing(std::span<const PackItem> items, Tokens capacity_tokens) {

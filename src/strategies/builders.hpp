@@ -38,8 +38,19 @@ std::int64_t next_power_of_two(std::int64_t value);
 std::vector<int> consecutive_ranks(int first_rank, int count);
 
 /// Plan with cluster, model, cost spec, step and lengths filled and no micro-batches.
-/// Throws InputError for an empty batch or a non-positive length.
+/// Throws InputError for an empty batch, a non-positive length or a batch over the limits
+/// of limits.hpp (sequences, tokens, length), and PlanningError when the batch needs more
+/// micro-batches than a plan may hold (kMaxMicroBatches, kMaxRankMicroBatches).
 Plan make_plan_skeleton(const Batch& batch, const CostModel& cost, const std::string& strategy);
+
+/// Throws PlanningError when a plan would hold more than kMaxPlanChunks attention chunks
+/// (`chunks`, counted before the plan is built so that it never exhausts memory); `why`
+/// says what makes so many, e.g. "every sequence is cut into 2 x 64 chunks".
+void check_plan_chunks(std::int64_t chunks, const std::string& strategy, const std::string& why);
+
+/// Throws PlanningError when a plan's ring groups would need more than kMaxRingSteps
+/// simulated steps (`steps`: the sum of their sizes squared), before the plan is built.
+void check_ring_steps(std::int64_t steps, const std::string& strategy, const std::string& why);
 
 // ---- packing ----
 struct PackItem {

@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "ballast/error.hpp"
+#include "block_loads.hpp"
 #include "builders.hpp"
 
 namespace ballast::strategies {
@@ -58,22 +60,10 @@ std::vector<Placement> placement_order(const Batch& batch, Tokens ring_tokens_pe
 
 /// LPT: the buddy-aligned block with the smallest maximum proxy load (ties: lowest start).
 void place_blocks(std::vector<Placement>& placements, int ranks) {
-  std::vector<double> load(static_cast<std::size_t>(ranks), 0.0);
+  BlockLoads loads(ranks);
   for (Placement& placement : placements) {
-    const int degree = placement.degree;
-    double best_load = 0;
-    int best_start = -1;
-    for (int start = 0; start + degree <= ranks; start += degree) {
-      const double block_load =
-          *std::max_element(load.begin() + start, load.begin() + start + degree);
-      if (best_start < 0 || block_load < best_load) {
-        best_load = block_load;
-        best_start = start;
-      }
-    }
-    placement.first_rank = best_start;
-    for (int r = best_start; r < best_start + degree; ++r)
-      load[static_cast<std::size_t>(r)] += placement.flop_proxy;
+    placement.first_rank = loads.least_loaded(placement.degree);
+    loads.charge(placement.first_rank, placement.degree, placement.flop_proxy);
   }
 }
 
@@ -104,11 +94,12 @@ void assign_micro_batches(std::vector<Placement>& placements, int ranks, Tokens 
 
 /// Micro-batch m: ring groups (degree descending, then placement order), then one local
 /// group per rank (by rank) with its sequences in placement order.
-MicroBatch build_micro_batch(const std::vector<Placement>& placements, int m, int ranks) {
+/// `placements`: the micro-batch's sequences, in placement order.
+MicroBatch build_micro_batch(const std::vector<const Placement*>& placements, int ranks) {
   std::vector<const Placement*> rings;
   std::vector<AttentionGroup> locals(static_cast<std::size_t>(ranks));
-  for (const Placement& placement : placements) {
-    if (placement.micro_batch != m) continue;
+  for (const Placement* pointer : placements) {
+    const Placement& placement = *pointer;
     if (placement.degree > 1) {
       rings.push_back(&placement);
       continue;
@@ -152,14 +143,25 @@ class HybridDpPlanner final : public Planner {
     // The ring budget also bounds local sequences, so one rank may mix both in a micro-batch.
     const Tokens tokens_per_rank = usable_tokens_per_rank(cost, Scheme::ring, 2);
     std::vector<Placement> placements = placement_order(batch, tokens_per_rank, ranks);
+    std::int64_t chunks = 0;      // a ring of d ranks cuts its (padded) sequence into 2d chunks
+    std::int64_t ring_steps = 0;  // and is simulated as d^2 steps
+    for (const Placement& placement : placements) {
+      const std::int64_t degree = placement.degree;
+      chunks += degree == 1 ? 1 : 2 * degree;
+      ring_steps += degree == 1 ? 0 : degree * degree;
+    }
+    check_plan_chunks(chunks, kName, "each sequence cut into 2 x its ring size");
+    check_ring_steps(ring_steps, kName, "one ring per sequence longer than a GPU holds");
     place_blocks(placements, ranks);
     assign_micro_batches(placements, ranks, tokens_per_rank);
-    int micro_batches = 0;
+    std::vector<std::vector<const Placement*>> by_micro_batch;
     for (const Placement& placement : placements) {
-      micro_batches = std::max(micro_batches, placement.micro_batch + 1);
+      const auto m = static_cast<std::size_t>(placement.micro_batch);
+      if (by_micro_batch.size() <= m) by_micro_batch.resize(m + 1);
+      by_micro_batch[m].push_back(&placement);
     }
-    for (int m = 0; m < micro_batches; ++m) {
-      plan.micro_batches.push_back(build_micro_batch(placements, m, ranks));
+    for (const auto& micro_batch : by_micro_batch) {
+      plan.micro_batches.push_back(build_micro_batch(micro_batch, ranks));
     }
     return plan;
   }

@@ -2,6 +2,8 @@
 // fixed CP groups of d consecutive ranks, every sequence zigzag-split with padding to a
 // multiple of 2d, token-balanced packs of the group's budget (THD format) dealt
 // round-robin to groups.
+#include <fmt/format.h>
+
 #include "builders.hpp"
 
 namespace ballast::strategies {
@@ -40,6 +42,9 @@ class StaticCpPlanner final : public Planner {
             const PlannerOptions& options) const override {
     Plan plan = make_plan_skeleton(batch, cost, name_);
     const int degree = resolve_degree(batch, cost, options, scheme_, name_);
+    const auto sequences = static_cast<std::int64_t>(batch.lengths_tokens.size());
+    check_plan_chunks(sequences * (degree == 1 ? 1 : 2 * degree), name_,
+                      fmt::format("{} sequences, each cut into 2 x {} chunks", sequences, degree));
     const Tokens group_capacity_tokens = degree * usable_tokens_per_rank(cost, scheme_, degree);
     std::vector<PackItem> items;
     for (std::size_t id = 0; id < batch.lengths_tokens.size(); ++id) {
@@ -48,6 +53,11 @@ class StaticCpPlanner final : public Planner {
     }
     const std::vector<Pack> packs =
         balanced_packs(items, group_capacity_tokens, plan.cluster.ranks() / degree);
+    if (scheme_at_degree(scheme_, degree) == Scheme::ring) {
+      const auto groups = static_cast<std::int64_t>(packs.size());
+      check_ring_steps(groups * degree * degree, name_,
+                       fmt::format("{} rings of {} GPUs", groups, degree));
+    }
     deal_packs_round_robin(plan, packs, degree,
                            [&](const Pack& pack, const std::vector<int>& ranks) {
                              return cp_group(pack, ranks, scheme_, plan);

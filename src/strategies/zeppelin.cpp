@@ -10,6 +10,8 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
+#include <set>
 
 #include "ballast/error.hpp"
 #include "ballast/simulator.hpp"
@@ -147,19 +149,29 @@ class Placer {
         node_tokens[static_cast<std::size_t>(n)] += per_node;
       }
     }
+    // The least-loaded node with room (ties: lowest index): nodes ordered by load, so the
+    // first with room is usually the first looked at (a scan of every node per sequence
+    // dominated planning at 512 nodes and 10^5 sequences).
+    std::set<std::pair<Seconds, int>> nodes_by_load;
+    for (int n = 0; n < nodes_; ++n) {
+      nodes_by_load.insert({node_load[static_cast<std::size_t>(n)], n});
+    }
     for (std::size_t i = 0; i < items.size(); ++i) {
       const Item& item = items[i];
       if (item.choice.tier == Tier::inter_node) continue;
-      int best = -1;
-      for (int n = 0; n < nodes_; ++n) {
-        const auto un = static_cast<std::size_t>(n);
-        if (node_tokens[un] + item.length > node_capacity) continue;
-        if (best < 0 || node_load[un] < node_load[static_cast<std::size_t>(best)]) best = n;
+      auto best = nodes_by_load.begin();
+      while (best != nodes_by_load.end() &&
+             node_tokens[static_cast<std::size_t>(best->second)] + item.length > node_capacity) {
+        ++best;
       }
-      if (best < 0) continue;
-      node_of_item[i] = best;
-      node_load[static_cast<std::size_t>(best)] += item.weight_s;
-      node_tokens[static_cast<std::size_t>(best)] += item.length;
+      if (best == nodes_by_load.end()) continue;
+      const int node = best->second;
+      const auto un = static_cast<std::size_t>(node);
+      node_of_item[i] = node;
+      nodes_by_load.erase(best);
+      node_load[un] += item.weight_s;
+      node_tokens[un] += item.length;
+      nodes_by_load.insert({node_load[un], node});
     }
 
     // Level 2 (GPUs): inter-node rings take every GPU of their nodes; then, node by node
@@ -328,6 +340,8 @@ Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierCont
   Placer placer(cost, context, total_work_s / cost.cluster().ranks());
   std::vector<std::vector<std::int64_t>> pending =
       pre_split(batch, cost, context.capacity_tokens_per_rank);
+  std::int64_t chunks = 0;
+  std::int64_t ring_steps = 0;
   for (std::size_t m = 0; m < pending.size(); ++m) {
     std::vector<std::int64_t> overflow;
     const std::vector<Item> placed = placer.place(pending[m], batch, balance_linear, overflow);
@@ -335,7 +349,17 @@ Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierCont
       throw PlanningError(fmt::format("{} could not place sequence {} on an empty cluster",
                                       label, pending[m].front()));
     }
+    for (const Item& item : placed) {
+      const int degree = item.choice.degree;
+      chunks += degree == 1 ? 1 : std::min<Tokens>(item.length, 2 * degree);
+    }
+    check_plan_chunks(chunks, label, "sequences cut into 2 x their ring size");
     plan.micro_batches.push_back(build_micro_batch(placed, plan));
+    for (const AttentionGroup& group : plan.micro_batches.back().groups) {
+      const auto size = static_cast<std::int64_t>(group.ranks.size());
+      if (size > 1) ring_steps += size * size;
+    }
+    check_ring_steps(ring_steps, label, "its intra- and inter-node rings");
     if (overflow.empty()) continue;
     std::sort(overflow.begin(), overflow.end());
     if (m + 1 == pending.size()) pending.emplace_back();
@@ -352,6 +376,11 @@ Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> deg
   PlannerOptions options;
   options.degree = degree;
   const int d = resolve_degree(batch, cost, options, Scheme::ring, label);
+  std::int64_t chunks = 0;  // unpadded zigzag: min(length, 2d) non-empty chunks
+  for (const Tokens length : batch.lengths_tokens) {
+    chunks += d == 1 ? 1 : std::min<Tokens>(length, 2 * d);
+  }
+  check_plan_chunks(chunks, label, fmt::format("every sequence cut into up to 2 x {} chunks", d));
   const Tokens capacity = d * usable_tokens_per_rank(cost, Scheme::ring, d);
   // A sequence occupies d * ceil(s / d): its largest member share on every member.
   std::vector<PackItem> items;
@@ -359,6 +388,10 @@ Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> deg
     items.push_back({static_cast<std::int64_t>(id), d * ceil_div(batch.lengths_tokens[id], d)});
   }
   const std::vector<Pack> packs = balanced_packs(items, capacity, cost.cluster().ranks() / d);
+  if (d > 1) {
+    const auto rings = static_cast<std::int64_t>(packs.size());
+    check_ring_steps(rings * d * d, label, fmt::format("{} rings of {} GPUs", rings, d));
+  }
   deal_packs_round_robin(plan, packs, d, [&](const Pack& pack, const std::vector<int>& ranks) {
     return ring_group(ranks, pack, plan);
   });
@@ -513,8 +546,13 @@ Seconds member_time_s(const TierContext& context, Tokens length, TierChoice choi
   const int gpus = context.gpus_per_node;
   const auto hop_s = [&](Bytes b) {
     if (choice.tier == Tier::intra_node) return cost.p2p_time_s(b, 0, 1);
-    const Routing routing = context.routing ? choose_routing(cost, b, gpus - 1, gpus) : Routing{};
-    return isolated_transfer_time_s(cost, b, gpus - 1, gpus, routing.proxies, routing.chunks);
+    const auto [memo, missing] = context.inter_node_hop_s.try_emplace(b, 0.0);
+    if (missing) {
+      const Routing routing = context.routing ? choose_routing(cost, b, gpus - 1, gpus) : Routing{};
+      memo->second =
+          isolated_transfer_time_s(cost, b, gpus - 1, gpus, routing.proxies, routing.chunks);
+    }
+    return memo->second;
   };
   return degree * std::max(forward / (degree * degree), hop_s(bytes)) +
          degree * std::max(backward / (degree * degree), hop_s(2 * bytes)) + linear;
@@ -532,47 +570,59 @@ TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds t
     TierChoice choice;
     bool hides;
   };
-  std::vector<Candidate> candidates{{{Tier::local, 1}, true}};
-  for (int g : power_of_two_divisors(gpus)) {
-    candidates.push_back(
-        {{Tier::intra_node, g}, length_tokens / g >= context.crossovers.intra_node_tokens_per_rank});
-  }
-  for (int k = 2; k <= context.nodes; ++k) {
-    candidates.push_back({{Tier::inter_node, k * gpus}, length_tokens / (k * gpus) >= inter_hide});
-  }
+  // Candidates in order, made on demand: local, the intra-node rings, then an inter-node
+  // ring over k = 2 .. nodes nodes (a list of them cost O(nodes) per sequence, which at
+  // 512 nodes and 10^5 sequences dominated planning).
+  const std::vector<int> intra_degrees = power_of_two_divisors(gpus);
+  const std::size_t candidate_count =
+      1 + intra_degrees.size() + static_cast<std::size_t>(std::max(0, context.nodes - 1));
+  const auto candidate = [&](std::size_t index) -> Candidate {
+    if (index == 0) return {{Tier::local, 1}, true};
+    if (index <= intra_degrees.size()) {
+      const int g = intra_degrees[index - 1];
+      const bool hides = length_tokens / g >= context.crossovers.intra_node_tokens_per_rank;
+      return {{Tier::intra_node, g}, hides};
+    }
+    const int k = static_cast<int>(index - intra_degrees.size()) + 1;
+    return {{Tier::inter_node, k * gpus}, length_tokens / (k * gpus) >= inter_hide};
+  };
   const auto fits = [&](const Candidate& c) {
     return ceil_div(length_tokens, c.choice.degree) <= capacity;
   };
   // 1. The cheapest tier that hides its traffic and brings the sequence under the target.
   const Seconds work_s = attention_s(*context.cost, length_tokens) + linear_s(*context.cost, length_tokens);
-  for (const Candidate& c : candidates) {
+  for (std::size_t i = 0; i < candidate_count; ++i) {
+    const Candidate c = candidate(i);
     if (c.hides && fits(c) && work_s / c.choice.degree <= target_load_s) return c.choice;
   }
   // 2. A straggler, when stragglers are spread: the smallest ring whose member finishes
   //    within the target by the cost model, exposed communication included, else the
   //    ring whose member finishes first.
   if (context.spread_stragglers) {
-    const Candidate* fastest = nullptr;
+    std::optional<TierChoice> fastest;
     Seconds fastest_s = 0;
-    for (const Candidate& c : candidates) {
+    for (std::size_t i = 0; i < candidate_count; ++i) {
+      const Candidate c = candidate(i);
       if (!fits(c)) continue;
       const Seconds time_s = member_time_s(context, length_tokens, c.choice);
       if (time_s <= target_load_s) return c.choice;
-      if (fastest == nullptr || time_s < fastest_s) {
-        fastest = &c;
+      if (!fastest || time_s < fastest_s) {
+        fastest = c.choice;
         fastest_s = time_s;
       }
     }
-    if (fastest != nullptr) return fastest->choice;
+    if (fastest) return *fastest;
   }
   // 3. Otherwise the widest ring that hides its traffic, else (memory forces a split that
   //    cannot hide) the smallest ring that fits.
-  const Candidate* widest_hiding = nullptr;
-  for (const Candidate& c : candidates) {
-    if (c.hides && fits(c)) widest_hiding = &c;
+  std::optional<TierChoice> widest_hiding;
+  for (std::size_t i = 0; i < candidate_count; ++i) {
+    const Candidate c = candidate(i);
+    if (c.hides && fits(c)) widest_hiding = c.choice;
   }
-  if (widest_hiding != nullptr) return widest_hiding->choice;
-  for (const Candidate& c : candidates) {
+  if (widest_hiding) return *widest_hiding;
+  for (std::size_t i = 0; i < candidate_count; ++i) {
+    const Candidate c = candidate(i);
     if (fits(c)) return c.choice;
   }
   throw PlanningError(fmt::format(

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,10 @@ struct TierContext {
   /// Spread stragglers over rings that cannot hide their traffic (rule 2 below); the
   /// planner simulates plans with and without it and keeps the faster.
   bool spread_stragglers = false;
+  /// Memo of an inter-node ring hop's simulated time by bytes (the best routing's isolated
+  /// transfer): rule 2 prices every inter-node ring for every straggler, and their
+  /// per-member byte counts repeat (a pure function of the bytes for this context).
+  mutable std::map<Bytes, Seconds> inter_node_hop_s;
 };
 /// Keeps a pointer to `cost`, which must outlive the context.
 TierContext make_tier_context(const CostModel& cost, const Switches& switches);

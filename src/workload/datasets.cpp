@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "ballast/error.hpp"
+#include "ballast/text.hpp"
 #include "ballast/workload.hpp"
 
 #ifndef BALLAST_DEFAULT_DATA_DIR
@@ -126,23 +127,43 @@ Tokens Batch::max_length_tokens() const {
   return longest;
 }
 
-Batch make_batch(std::vector<Tokens> lengths_tokens, std::int64_t step) {
+void check_batch_limits(std::span<const Tokens> lengths_tokens) {
   if (lengths_tokens.empty()) {
     throw InputError("the batch is empty; give at least one sequence length");
   }
+  const auto count = static_cast<std::int64_t>(lengths_tokens.size());
+  if (count > kMaxBatchSequences) {
+    throw InputError(fmt::format(
+        "the batch has {} sequences, over ballast's limit of {} per batch; split it into "
+        "several steps (lower --batch-size or --tokens-per-step)",
+        with_thousands(count), with_thousands(kMaxBatchSequences)));
+  }
+  Tokens total_tokens = 0;  // <= 10^6 x 2^31 < 2^51 while the lengths are checked
   for (std::size_t index = 0; index < lengths_tokens.size(); ++index) {
-    if (lengths_tokens[index] <= 0) {
+    const Tokens length = lengths_tokens[index];
+    if (length <= 0) {
       throw InputError(fmt::format(
           "sequence {} of the batch has length {}; every sequence length must be a positive "
           "number of tokens",
-          index, lengths_tokens[index]));
+          index, length));
     }
-    if (lengths_tokens[index] > kMaxSequenceTokens) {
+    if (length > kMaxSequenceTokens) {
       throw InputError(fmt::format(
           "sequence {} of the batch has length {}, over ballast's limit of 2^31 = {} tokens",
-          index, lengths_tokens[index], kMaxSequenceTokens));
+          index, length, kMaxSequenceTokens));
     }
+    total_tokens += length;
   }
+  if (total_tokens > kMaxBatchTokens) {
+    throw InputError(fmt::format(
+        "the batch holds {} tokens, over ballast's limit of 2^40 = {} tokens per batch; split "
+        "it into several steps (lower --batch-size or --tokens-per-step)",
+        with_thousands(total_tokens), with_thousands(kMaxBatchTokens)));
+  }
+}
+
+Batch make_batch(std::vector<Tokens> lengths_tokens, std::int64_t step) {
+  check_batch_limits(lengths_tokens);
   return Batch{step, std::move(lengths_tokens)};
 }
 

@@ -136,6 +136,11 @@ void read_json_lengths(const std::string& path, std::string_view text, Dataset& 
     throw InputError(fmt::format(
         "{}: not valid JSON (byte {}): {}; expected a JSON array of lengths like [512, 2048]", path,
         error.byte, error.what()));
+  } catch (const nlohmann::json::out_of_range& error) {
+    // A number beyond a double's range (1e400) is out_of_range, not a parse_error.
+    throw InputError(fmt::format(
+        "{}: not valid JSON: {}; expected a JSON array of lengths like [512, 2048]", path,
+        error.what()));
   }
   if (!json.is_array()) {
     throw InputError(fmt::format(

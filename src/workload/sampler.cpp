@@ -19,12 +19,10 @@ namespace {
 // A step that drops this many documents in a row is almost surely starved (nearly every
 // document is over the limit); stop instead of spinning.
 constexpr std::int64_t kMaxConsecutiveDrops = 1'000'000;
-/// Bounds that turn a near-impossible request (say --max-context 1 with a 1M-token
-/// budget) into a clear error instead of an hours-long loop: documents drawn for one
-/// step, and sequences in one batch (far above the 10^5-sequence batches planners are
-/// sized for).
+/// Turns a near-impossible request (say --max-context 1 with a 1M-token budget) into a
+/// clear error instead of an hours-long loop: documents drawn for one step. (Sequences per
+/// batch are bounded by kMaxBatchSequences, limits.hpp.)
 constexpr std::int64_t kMaxDrawsPerStep = 10'000'000;
-constexpr std::int64_t kMaxBatchSequences = 1'000'000;
 
 /// The high and low 64-bit halves of a * b, portably (no __int128 under -Wpedantic).
 void multiply_64x64_to_128(std::uint64_t a, std::uint64_t b, std::uint64_t& high,
@@ -76,6 +74,24 @@ void validate_budgets(const SamplerOptions& options) {
   if (options.max_context_tokens <= 0) {
     throw InputError(
         fmt::format("--max-context must be positive, got {}", options.max_context_tokens));
+  }
+  if (options.max_context_tokens > kMaxSequenceTokens) {
+    throw InputError(fmt::format(
+        "--max-context {} is over ballast's sequence length limit of 2^31 = {} tokens; use at "
+        "most {}",
+        options.max_context_tokens, kMaxSequenceTokens, kMaxSequenceTokens));
+  }
+  if (options.batch_size && *options.batch_size > kMaxBatchSequences) {
+    throw InputError(fmt::format(
+        "--batch-size {} is over ballast's limit of {} sequences per batch; use at most {} "
+        "(or several steps)",
+        *options.batch_size, kMaxBatchSequences, kMaxBatchSequences));
+  }
+  if (options.tokens_per_step && *options.tokens_per_step > kMaxBatchTokens) {
+    throw InputError(fmt::format(
+        "--tokens-per-step {} is over ballast's limit of 2^40 = {} tokens per batch; use at "
+        "most {} (or several steps)",
+        *options.tokens_per_step, kMaxBatchTokens, kMaxBatchTokens));
   }
 }
 
@@ -247,6 +263,13 @@ Batch BatchSampler::next() {
     if (truncated) ++stats_.truncated_documents;
     total_tokens += length;
     batch.lengths_tokens.push_back(length);
+  }
+  // --batch-size documents of up to 2^31 tokens can still exceed kMaxBatchTokens.
+  if (total_tokens > kMaxBatchTokens) {
+    throw InputError(fmt::format(
+        "step {}: the batch holds {} tokens, over ballast's limit of 2^40 = {} tokens per "
+        "batch; lower --batch-size or --max-context",
+        batch.step, total_tokens, kMaxBatchTokens));
   }
   return batch;
 }

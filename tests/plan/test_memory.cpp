@@ -102,7 +102,8 @@ TEST(Memory, PaddingTokensCount) {
 
 TEST(Memory, SaturatesInsteadOfWrappingOnAbsurdPlans) {
   // 5,000 local sequences of 2^31 tokens on rank 0: 2^43.3 tokens x 1 MiB per token does
-  // not fit in 64 bits. The peak must saturate (and fail validation), never wrap around.
+  // not fit in 64 bits. The peak must saturate, never wrap around; validate() stops
+  // earlier, at the batch's token limit (2^40, limits.hpp).
   const auto cost = fake_cost();
   Plan plan = base_plan();
   plan.sequence_lengths_tokens.assign(5'000, kMaxSequenceTokens);
@@ -113,7 +114,16 @@ TEST(Memory, SaturatesInsteadOfWrappingOnAbsurdPlans) {
   EXPECT_EQ(peak[0], std::numeric_limits<Bytes>::max());
   const ValidationResult result = validate(plan, cost);
   EXPECT_FALSE(result.ok);
-  EXPECT_NE(result.message.find("rank 0 needs"), std::string::npos) << result.message;
+  EXPECT_NE(result.message.find("over ballast's limit of 2^40"), std::string::npos)
+      << result.message;
+  // At the token limit (512 x 2^31 = 2^40 tokens) the memory check itself reports it.
+  plan.sequence_lengths_tokens.resize(512);
+  placed.resize(512);
+  plan.micro_batches = {testing::micro_batch_of({testing::local_group(0, placed)})};
+  const ValidationResult at_limit = validate(plan, cost);
+  EXPECT_FALSE(at_limit.ok);
+  EXPECT_NE(at_limit.message.find("rank 0 needs 1073741825"), std::string::npos)
+      << at_limit.message;
 }
 
 TEST(Memory, LengthsOverTheLimitAreRejected) {

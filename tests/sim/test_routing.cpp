@@ -70,6 +70,35 @@ TEST(IsolatedTransfer, EqualsTheTransferInASimulatedStep) {
   }
 }
 
+TEST(IsolatedTransfer, EqualsTheTransferInALargeClustersStep) {
+  // isolated_transfer_time_s builds the transfer on a copy of the cluster holding only the
+  // two nodes involved; the same transfer inside a step on all 8 nodes is the reference.
+  Cluster cluster = cluster_preset("a800-roce");  // 8 nodes, 4 NICs, 2 GPUs per NIC
+  const AnalyticalCostModel cost(cluster, model_preset("llama-7b"));
+  const std::pair<int, int> pairs[] = {{13, 50}, {63, 0}, {21, 22}, {40, 47}, {7, 8}};
+  for (const auto& [src, dst] : pairs) {
+    for (int proxies : {1, 3, 4}) {
+      for (int chunks : {1, 4}) {
+        SCOPED_TRACE(::testing::Message() << src << " -> " << dst << ", k " << proxies << ", c "
+                                          << chunks);
+        Plan plan = testing::empty_plan(cost, {4096});
+        AttentionGroup ring = testing::make_group(Scheme::ring, {src, dst},
+                                                  {{0, {{src, 0, 2048}, {dst, 2048, 4096}}}});
+        ring.routing_proxies = proxies;
+        ring.routing_chunks = chunks;
+        plan.micro_batches.push_back({{ring}, {}, {}});
+        const SimulationReport report = simulate(plan, cost, {.record_trace = true});
+        const Bytes block_bytes = cost.model().kv_bytes_per_token() * 2048;
+        const Seconds alone_s =
+            isolated_transfer_time_s(cost, block_bytes, src, dst, proxies, chunks);
+        EXPECT_GT(alone_s, 0);
+        EXPECT_NEAR(traced_transfer_s(report, "ring kv fwd g2 step 0", src, dst), alone_s,
+                    1e-12 * alone_s);
+      }
+    }
+  }
+}
+
 TEST(IsolatedTransfer, RefusesArgumentsAPlanCouldNotHold) {
   const AnalyticalCostModel cost(two_nodes("a800-roce"), model_preset("llama-7b"));
   EXPECT_THROW(isolated_transfer_time_s(cost, 100, 0, 16, 1, 1), InputError);

@@ -184,6 +184,39 @@ TEST(ChromeTrace, IsValidJsonWithOneProcessPerRankAndSortedEvents) {
   EXPECT_NEAR(last.duration_s, ms(5), kTolerance_s);
 }
 
+/// The category the simulator gives an event of mixed_plan, from its name.
+std::string expected_category(const std::string& name, const std::string& ring_tier) {
+  const auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+  if (starts("attention fwd ring") || starts("attention bwd ring") || starts("ring "))
+    return "ring " + ring_tier;
+  if (starts("attention fwd local") || starts("attention bwd local")) return "local";
+  if (starts("linear ")) return "linear";
+  if (starts("overhead ")) return "overhead";
+  return name;  // "gradient sync"
+}
+
+TEST(ChromeTrace, EventsCarryTheirSchemeAndTier) {
+  // The same ring inside one node of 4 GPUs and across two nodes of 2.
+  for (const auto& [cluster, tier] : {std::pair{fake_cluster(1, 4, 1), "intra-node"},
+                                      std::pair{fake_cluster(2, 2, 1), "inter-node"}}) {
+    FakeCostModel cost(cluster, fake_model());
+    const SimulationReport report = simulate(mixed_plan(cost), cost, {.record_trace = true});
+    ASSERT_FALSE(report.trace.empty());
+    for (const TraceEvent& event : report.trace) {
+      EXPECT_EQ(event.category, expected_category(event.name, tier)) << event.name;
+    }
+    std::ostringstream out;
+    write_chrome_trace(report, out);
+    // Named: a range-for over parse(...).at(...) would iterate a destroyed temporary.
+    const nlohmann::json document = nlohmann::json::parse(out.str());
+    for (const auto& event : document.at("traceEvents")) {
+      if (event.at("ph") == "X") {
+        EXPECT_TRUE(event.at("args").contains("category"));
+      }
+    }
+  }
+}
+
 TEST(SimulatorScale, SixtyFourRanksTwoThousandSequencesInRingsOfEight) {
   FakeCostModel cost(fake_cluster(8, 8, 8), fake_model());
   std::vector<Tokens> lengths(2000, 1600);

@@ -14,44 +14,14 @@
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
 #include "builders.hpp"
+#include "runnable.hpp"
 
 namespace ballast::strategies {
 namespace {
 
-struct TestSetup {
-  std::string cluster;
-  int nodes = 1;
-  std::string model;
-  std::string cost_model = "analytical";
-};
-
-std::unique_ptr<CostModel> make_cost(const TestSetup& setup) {
-  const Cluster cluster = load_cluster(setup.cluster, setup.nodes);
-  const Model model = load_model(setup.model);
-  return make_cost_model(load_cost_model_spec(setup.cost_model), cluster, model);
-}
-
-/// The longest sequence a strategy can run on this cost model.
-Tokens longest_runnable_tokens(const std::string& strategy, const CostModel& cost) {
-  if (strategy == "packed-dp") return usable_tokens_per_rank(cost, Scheme::local, 1);
-  if (strategy == "static-cp") return max_sequence_tokens(cost, Scheme::ring);
-  if (strategy == "static-cp-allgather") return max_sequence_tokens(cost, Scheme::all_gather);
-  if (strategy == "static-ulysses" || strategy == "batch-adaptive" || strategy == "flexsp" ||
-      strategy == "flexsp-fast") {
-    return max_sequence_tokens(cost, Scheme::ulysses);
-  }
-  // zeppelin: a ring over every GPU of the cluster, the ring budget per rank, no padding.
-  if (strategy == "zeppelin") {
-    return usable_tokens_per_rank(cost, Scheme::ring, 2) * cost.cluster().ranks();
-  }
-  // hybrid-dp: rings of any power of two up to the rank count, the ring budget per rank.
-  const Tokens per_rank = usable_tokens_per_rank(cost, Scheme::ring, 2);
-  Tokens longest = per_rank;
-  for (Tokens d = 2; d <= cost.cluster().ranks(); d *= 2) {
-    longest = std::max(longest, d * per_rank / (2 * d) * (2 * d));
-  }
-  return longest;
-}
+using testing::longest_runnable_tokens;
+using testing::make_cost;
+using testing::TestSetup;
 
 double uniform01(std::uint64_t& state) {
   return static_cast<double>(splitmix64_next(state) >> 11) * 0x1.0p-53;
@@ -100,6 +70,12 @@ std::vector<Tokens> make_lengths(std::uint64_t seed, Tokens strategy_max, Tokens
 
 constexpr int kBatchesPerSetup = 50;
 
+std::uint64_t milp_seed_stride() {
+  const char* text = std::getenv("BALLAST_PROPERTY_MILP_STRIDE");
+  const long long stride = text != nullptr ? std::atoll(text) : 0;
+  return stride > 0 ? static_cast<std::uint64_t>(stride) : 5;
+}
+
 void check_strategy(const Planner& planner, const TestSetup& setup) {
   const std::unique_ptr<CostModel> cost = make_cost(setup);
   const int ranks = cost->cluster().ranks();
@@ -108,8 +84,9 @@ void check_strategy(const Planner& planner, const TestSetup& setup) {
   const Tokens cluster_max = longest_runnable_tokens("hybrid-dp", *cost);
   int planned = 0;
   int tried = 0;
-  // The faithful MILP costs CBC seconds per plan: every fifth seed (all six shapes still).
-  const std::uint64_t stride = planner.name() == "flexsp" ? 5 : 1;
+  // The faithful MILP costs CBC seconds per plan: every fifth seed (all six shapes still),
+  // or every BALLAST_PROPERTY_MILP_STRIDE-th (scripts/test-sanitized: 25).
+  const std::uint64_t stride = planner.name() == "flexsp" ? milp_seed_stride() : 1;
   for (std::uint64_t seed = 0; seed < kBatchesPerSetup; seed += stride) {
     ++tried;
     const Batch batch =

@@ -156,7 +156,9 @@ TEST(ZeppelinRouting, NeverSlowsATransferAndPaysForLargeOnes) {
     const auto cost = make_cost(cluster, 2, "llama-7b");
     const int gpus = cost->cluster().gpus_per_node;
     for (Bytes bytes = 1; bytes <= (Bytes{1} << 34); bytes *= 4) {
-      for (const auto& [src, dst] : {std::pair{gpus - 1, gpus}, std::pair{0, gpus + 3}}) {
+      for (const auto& pair : {std::pair{gpus - 1, gpus}, std::pair{0, gpus + 3}}) {
+        const int src = pair.first;  // not a structured binding: clang 14 cannot capture one
+        const int dst = pair.second;
         const Routing routing = choose_routing(*cost, bytes, src, dst);
         // Forward (KV) plus backward (KV and dKV: twice the bytes), what the choice minimises.
         const auto both_passes = [&](int proxies, int chunks) {

@@ -15,6 +15,7 @@
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
 #include "ballast/report.hpp"
+#include "plot.hpp"
 
 namespace ballast::cli {
 
@@ -33,6 +34,62 @@ class Output {
  private:
   std::unique_ptr<std::ofstream> file_;
 };
+
+/// One status line on stderr, rewritten in place, only when stderr is a terminal (never in
+/// pipes, files or CI logs); cleared when the command's work is done.
+class Progress {
+ public:
+  explicit Progress(std::string command) : command_(std::move(command)) {
+    enabled_ = isatty(STDERR_FILENO) != 0;
+  }
+  ~Progress() { done(); }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  bool enabled() const { return enabled_; }
+  void show(const std::string& what) {
+    if (!enabled_) return;
+    fmt::print(stderr, "\r\033[K{}: {}", command_, what);
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  void done() {
+    if (shown_) fmt::print(stderr, "\r\033[K");
+    shown_ = false;
+  }
+
+ private:
+  std::string command_;
+  bool enabled_ = false;
+  bool shown_ = false;
+};
+
+/// The input of `plot.py timeline`: the step's report (report_to_json) and every trace
+/// event with its category (docs/cli.md, "--plot").
+nlohmann::ordered_json timeline_json(const SimulationReport& report, const Plan& plan) {
+  nlohmann::ordered_json json;
+  json["schema"] = "ballast.timeline/1";
+  json["step"] = plan.step;
+  const Cluster& cluster = plan.cluster;
+  json["cluster"] = fmt::format("{} ({} nodes x {} {}, {} GPUs)", cluster.name, cluster.nodes,
+                                cluster.gpus_per_node, cluster.gpu_name, cluster.ranks());
+  json["model"] = plan.model.name;
+  json["gpus_per_node"] = cluster.gpus_per_node;
+  json["sequences"] = plan.sequence_lengths_tokens.size();
+  const nlohmann::ordered_json summary = report_to_json(report);
+  for (const auto& [key, value] : summary.items()) json[key] = value;
+  nlohmann::ordered_json events = nlohmann::ordered_json::array();
+  for (const TraceEvent& event : report.trace) {
+    events.push_back({{"rank", event.rank},
+                      {"lane", event.lane},
+                      {"name", event.name},
+                      {"category", event.category},
+                      {"micro_batch", event.micro_batch},
+                      {"start_s", event.start_s},
+                      {"duration_s", event.duration_s}});
+  }
+  json["events"] = std::move(events);
+  return json;
+}
 
 RunSettings settings_from(const WorkloadFlags& flags, int default_steps) {
   RunSettings settings;
@@ -185,21 +242,34 @@ int run_validate(const ValidateArgs& args) {
 
 int run_simulate(const SimulateArgs& args) {
   const Format format = parse_format(args.output.format);
+  if (!args.plot_path.empty()) check_plot_target("simulate", args.plot_path);
+  Progress progress("simulate");
   std::vector<Plan> plans;
   std::unique_ptr<CostModel> cost;
+  std::string strategy_label;  // the spec as given (static-ulysses:degree=64), for the plot
   if (!args.plan_path.empty()) {
     if (!args.strategy.empty()) throw InputError("give either --plan or --strategy, not both");
+    if (!args.scenario.empty()) {
+      throw InputError("--scenario chooses the workload of --strategy; a --plan file carries its "
+                       "own, so give one of them");
+    }
     plans = read_plan_file(args.plan_path);  // each plan carries its own cost model
   } else {
     if (args.strategy.empty()) {
       throw InputError("ballast simulate needs --strategy NAME (see `ballast list strategies`) "
                        "or --plan FILE");
     }
-    const RunSettings settings = settings_from(args.workload, 1);
+    RunSettings settings;
+    settings.steps = 1;
+    if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
+    apply_workload_flags(args.workload, settings);
     RunInputs inputs = resolve_inputs(settings);
     const StrategySpec spec = parse_strategy_spec(
         apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner);
+    strategy_label = spec.text;
     for (const Batch& batch : inputs.batches) {
+      progress.show(fmt::format("planning {} step {}/{}", spec.text, plans.size() + 1,
+                                inputs.batches.size()));
       plans.push_back(spec.planner->plan(batch, *inputs.cost, spec.options));
     }
     cost = std::move(inputs.cost);
@@ -207,14 +277,21 @@ int run_simulate(const SimulateArgs& args) {
   Output output(args.output.output_path);
   std::ostream& out = output.stream();
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  nlohmann::ordered_json timeline;  // --plot: the first step's
   if (format == Format::csv) write_report_csv_header(out);
   for (std::size_t i = 0; i < plans.size(); ++i) {
+    progress.show(fmt::format("simulating step {}/{}", i + 1, plans.size()));
     const auto plan_cost = cost ? nullptr : cost_model_of(plans[i]);
     const CostModel& step_cost = cost ? *cost : *plan_cost;
     SimulationOptions options;
-    options.record_trace = i == 0 && !args.trace_path.empty();
+    options.record_trace = i == 0 && (!args.trace_path.empty() || !args.plot_path.empty());
     const SimulationReport report = simulate(plans[i], step_cost, options);
-    if (options.record_trace) {
+    progress.done();  // a clean line for the step's output when both go to the terminal
+    if (options.record_trace && !args.plot_path.empty()) {
+      timeline = timeline_json(report, plans[i]);
+      if (!strategy_label.empty()) timeline["strategy"] = strategy_label;
+    }
+    if (options.record_trace && !args.trace_path.empty()) {
       std::ofstream trace(args.trace_path, std::ios::binary | std::ios::trunc);
       if (!trace) throw InputError(fmt::format("--trace {}: cannot write this file", args.trace_path));
       write_chrome_trace(report, trace);
@@ -230,6 +307,11 @@ int run_simulate(const SimulateArgs& args) {
       steps.push_back(json);
     }
   }
+  if (!args.plot_path.empty() && !timeline.is_null()) {
+    progress.show("drawing " + args.plot_path);
+    draw_plot("timeline", timeline, args.plot_path);
+  }
+  progress.done();
   if (format == Format::json) {
     nlohmann::ordered_json json;
     json["schema"] = "ballast.simulate/1";
@@ -239,6 +321,9 @@ int run_simulate(const SimulateArgs& args) {
   if (!args.trace_path.empty() && format == Format::text) {
     fmt::print(out, "trace of step {} written to {} (open in ui.perfetto.dev)\n", plans.front().step,
                args.trace_path);
+  }
+  if (!args.plot_path.empty() && format == Format::text && !timeline.is_null()) {
+    fmt::print(out, "timeline of step {} drawn to {}\n", plans.front().step, args.plot_path);
   }
   return 0;
 }
@@ -254,6 +339,7 @@ std::vector<std::string> ablation_ladder() {
 
 int run_compare(const CompareArgs& args) {
   const Format format = parse_format(args.output.format);
+  if (!args.plot_path.empty()) check_plot_target("compare", args.plot_path);
   RunSettings settings;
   if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
   apply_workload_flags(args.workload, settings);
@@ -279,25 +365,30 @@ int run_compare(const CompareArgs& args) {
              settings.strategies.end()) {
     settings.baseline.clear();  // a scenario's baseline that --strategies left out: the default
   }
-  // Progress on stderr only when it is a terminal (never in pipes, files or CI logs).
-  CompareProgress progress;
-  if (isatty(STDERR_FILENO) != 0) {
-    progress = [](const std::string& strategy, int step, int steps) {
-      fmt::print(stderr, "\r\033[Kcompare: {} step {}/{}", strategy, step + 1, steps);
+  Progress progress("compare");
+  CompareProgress on_step;
+  if (progress.enabled()) {
+    on_step = [&progress](const std::string& strategy, int step, int steps) {
+      progress.show(fmt::format("{} step {}/{}", strategy, step + 1, steps));
     };
   }
-  const CompareResult result = ballast::run_compare(settings, progress);
-  if (progress) fmt::print(stderr, "\r\033[K");
+  const CompareResult result = ballast::run_compare(settings, on_step);
+  auto json = compare_to_json(result);
+  if (!args.scenario.empty()) json["settings"]["scenario"] = args.scenario;
+  if (!args.plot_path.empty()) {
+    progress.show("drawing " + args.plot_path);
+    draw_plot("compare", json, args.plot_path);
+  }
+  progress.done();
   Output output(args.output.output_path);
   std::ostream& out = output.stream();
   if (format == Format::text) {
     if (!args.scenario.empty()) fmt::print(out, "scenario {}\n", args.scenario);
     write_compare_text(result, out);
+    if (!args.plot_path.empty()) fmt::print(out, "plot drawn to {}\n", args.plot_path);
   } else if (format == Format::csv) {
     write_compare_csv(result, out);
   } else {
-    auto json = compare_to_json(result);
-    if (!args.scenario.empty()) json["settings"]["scenario"] = args.scenario;
     out << json.dump(1) << "\n";
   }
   return 0;

@@ -26,7 +26,9 @@ struct SimulateArgs {
   OutputFlags output;
   std::string strategy;
   std::string plan_path;
+  std::string scenario;  ///< --scenario: its workload settings (flags override them)
   std::string trace_path;
+  std::string plot_path;  ///< --plot: the first step's per-rank timeline (.svg or .png)
 };
 struct CompareArgs {
   WorkloadFlags workload;
@@ -34,6 +36,7 @@ struct CompareArgs {
   std::string strategies;
   std::string baseline;
   std::string scenario;
+  std::string plot_path;  ///< --plot: step time per strategy with bound and speedups
   bool ablation = false;  ///< strategies = ablation_ladder()
 };
 
@@ -46,6 +49,7 @@ struct RunArgs {
   OutputFlags output;
   runtime::RunOptions options;
   std::string trace_path;
+  std::vector<std::string> flags_given;  ///< long names of the flags on the command line
 };
 struct ValidateArgs {
   std::string plan_path;

@@ -17,6 +17,7 @@ constexpr const char* kMainFooter = R"(examples:
   ballast plan --strategy hybrid-dp -o plan.json    # plan one step
   ballast validate plan.json                        # check a plan's invariants
   ballast simulate --plan plan.json --trace t.json  # predict its timeline (open t.json in ui.perfetto.dev)
+  ballast simulate --strategy zeppelin --plot t.svg # draw it: one row per rank (needs matplotlib)
   ballast list                                      # datasets, clusters, models, strategies, scenarios
 exit codes: 0 ok, 1 invalid plan, 2 bad input or usage, 3 internal error)";
 
@@ -52,10 +53,17 @@ int run(int argc, char** argv) {
   add_output_flags(*simulate, simulate_args.output);
   simulate->add_option("--strategy", simulate_args.strategy, "plan with this strategy, then simulate");
   simulate->add_option("--plan", simulate_args.plan_path, "simulate this plan file instead");
+  simulate->add_option("--scenario", simulate_args.scenario,
+                       "take a scenario's workload settings, steps included (see `ballast list "
+                       "scenarios`); flags override them");
   simulate->add_option("--trace", simulate_args.trace_path,
                        "write a Chrome trace of the first step (open in ui.perfetto.dev)");
+  simulate->add_option("--plot", simulate_args.plot_path,
+                       "draw the first step's per-rank timeline (compute by scheme and tier, "
+                       "communication, idle) to FILE.svg or FILE.png (needs python3-matplotlib)");
   simulate->footer("examples:\n  ballast simulate --strategy static-cp\n"
                    "  ballast simulate --plan plan.json --trace trace.json\n"
+                   "  ballast simulate --strategy zeppelin --cluster a800-roce --plot timeline.png\n"
                    "  ballast simulate --strategy hybrid-dp --steps 4 --format csv -o ranks.csv");
 
   RunArgs run_args;
@@ -106,9 +114,13 @@ int run(int argc, char** argv) {
                     "routing (docs/zeppelin.md)");
   compare->add_option("--scenario", compare_args.scenario,
                       "a named bundle of settings (see `ballast list scenarios`); flags override it");
+  compare->add_option("--plot", compare_args.plot_path,
+                      "draw step time per strategy with the lower bound and speedups to "
+                      "FILE.svg or FILE.png (needs python3-matplotlib)");
   compare->footer("examples:\n  ballast compare\n"
                   "  ballast compare --scenario wikipedia-a100-gpt7b\n"
                   "  ballast compare --scenario zeppelin-a800-13b-wlbllm --ablation\n"
+                  "  ballast compare --scenario zeppelin-a800-7b-prolong --plot compare.svg\n"
                   "  ballast compare --dataset prolong --cluster h200 --nodes 2 --model llama3-8b --format json\n"
                   "  ballast compare --strategies packed-dp,hybrid-dp --baseline packed-dp --steps 8 --format csv");
 
@@ -123,7 +135,12 @@ int run(int argc, char** argv) {
   if (plan->parsed()) return run_plan(plan_args);
   if (validate->parsed()) return run_validate(validate_args);
   if (simulate->parsed()) return run_simulate(simulate_args);
-  if (run_command->parsed()) return run_run(run_args);
+  if (run_command->parsed()) {
+    for (const CLI::Option* option : run_command->get_options()) {
+      if (option->count() > 0) run_args.flags_given.push_back(option->get_name());
+    }
+    return run_run(run_args);
+  }
   return run_compare(compare_args);
 }
 

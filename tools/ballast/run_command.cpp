@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ballast/error.hpp"
+#include "ballast/runtime/mpi.hpp"
 #include "ballast/runtime/run.hpp"
 #include "commands.hpp"
 
@@ -84,22 +87,81 @@ nlohmann::ordered_json to_json(const runtime::RunReport& report, bool check) {
   return json;
 }
 
+/// Workload flags `ballast run` has no use for: it plans for the job it runs in.
+constexpr struct {
+  const char* flag;
+  const char* instead;
+} kIgnoredFlags[] = {
+    {"--cluster", "the emulated cluster is the job's ranks (mpirun -np) in nodes of --gpus-per-node"},
+    {"--nodes", "the emulated cluster is the job's ranks (mpirun -np) in nodes of --gpus-per-node"},
+    {"--model", "the model is the runtime's own: set it with --hidden, --layers, --heads, --kv-heads, --ffn"},
+    {"--cost-model", "plans use the analytical cost model calibrated to this runtime (docs/runtime.md)"},
+};
+
+/// Flags that choose, sample or plan the batches. A plan file fixes all of that (its
+/// sequence lengths, its steps, its strategy and its emulated cluster), so with --plan
+/// they would silently run something other than what was asked. (--seed still picks
+/// the text cut from the corpus and the initial weights.)
+constexpr const char* kPlanningFlags[] = {
+    "--dataset", "--lengths", "--steps", "--tokens-per-step", "--batch-size", "--max-context",
+    "--over-context", "--sampling", "--degree", "--no-routing", "--no-remap", "--even-split",
+    "--strategy", "--length-scale", "--rank-tokens", "--gpus-per-node"};
+
+bool given(const RunArgs& args, const std::string& flag) {
+  return std::find(args.flags_given.begin(), args.flags_given.end(), flag) != args.flags_given.end();
+}
+
+/// Throws InputError for flags that would have no effect on this run (before MPI talks).
+void reject_flags_without_effect(const RunArgs& args) {
+  for (const auto& ignored : kIgnoredFlags) {
+    if (given(args, ignored.flag)) {
+      throw InputError(fmt::format("{} has no effect on ballast run: {}; drop it", ignored.flag, ignored.instead));
+    }
+  }
+  if (args.options.plan_path.empty()) return;
+  std::vector<std::string> conflicting;
+  for (const char* flag : kPlanningFlags) {
+    if (given(args, flag)) conflicting.push_back(flag);
+  }
+  if (!conflicting.empty()) {
+    throw InputError(fmt::format("--plan {}: the file's plans fix the batches (their sequence lengths and "
+                                 "steps), the strategy and the emulated cluster, so {} would not apply; "
+                                 "drop {} or plan again with `ballast plan`",
+                                 args.options.plan_path, fmt::join(conflicting, ", "),
+                                 conflicting.size() == 1 ? "it" : "them"));
+  }
+}
+
+/// Ends every rank of the job with `code` (mpirun reports it). MPI_Abort does not
+/// return; if it fails there is nothing left to report, so exit.
+[[noreturn]] void abort_job(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
 }  // namespace
 
 int run_run(const RunArgs& args) {
-  MPI_Init(nullptr, nullptr);
+  using runtime::check_mpi;
+  check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
+  // Failing calls return their code to check_mpi, which names the call and the rank
+  // before aborting; MPI's default handler would abort without either.
+  check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
   try {
     const Format format = parse_format(args.output.format);
     if (format == Format::csv) throw InputError("ballast run prints text or json; use --format text or json");
+    reject_flags_without_effect(args);
     runtime::RunOptions options = args.options;
     options.settings.steps = args.workload.steps.value_or(1);
     apply_workload_flags(args.workload, options.settings);
+    if (options.plan_path.empty()) {
+      options.strategy = apply_ablation_flags(args.workload, {options.strategy}).front();
+    }
     if (!args.workload.tokens_per_step && !args.workload.batch_size) {
       int ranks = 1;
-      MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+      check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &ranks), "MPI_Comm_size");
       // Default budget: half of the job's memory, in the dataset's own (unscaled) tokens.
       options.settings.sampler.tokens_per_step = options.rank_tokens * ranks / 2 * options.length_scale;
     }
@@ -130,12 +192,13 @@ int run_run(const RunArgs& args) {
     }
   } catch (const InputError& error) {
     std::cerr << fmt::format("ballast run: error on rank {}: {}\n", rank, error.what());
-    MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
+    abort_job(kExitBadInput);
   } catch (const std::exception& error) {
-    std::cerr << fmt::format("ballast run: rank {} failed: {}\n", rank, error.what());
-    MPI_Abort(MPI_COMM_WORLD, kExitInternal);
+    std::cerr << fmt::format("ballast run: error on rank {}: internal error (please report): {}\n", rank,
+                             error.what());
+    abort_job(kExitInternal);
   }
-  MPI_Finalize();
+  check_mpi(MPI_Finalize(), "MPI_Finalize");
   return 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include <mpi.h>
@@ -60,6 +61,12 @@ class PlanAttentionEngine final : public AttentionEngine {
 
   const CommunicationStats& stats() const { return stats_; }
 
+  /// Test-only (BALLAST_FAULT, fault.hpp): `hook` runs once, at the first point of this
+  /// micro-batch where this rank has point-to-point messages in flight (a ring shift or a
+  /// group exchange, after posting and before waiting), or at the end of its first
+  /// forward() when its groups post none; its argument says which.
+  void set_fault_hook(std::function<void(const char* where)> hook) { fault_hook_ = std::move(hook); }
+
  private:
   struct GroupTokens {
     int group = 0;          ///< index in the micro-batch
@@ -86,6 +93,8 @@ class PlanAttentionEngine final : public AttentionEngine {
                                                 const std::vector<int>& counts, int width,
                                                 const std::vector<int>& peers, int self, int tag);
   void count_sent(int peer, std::int64_t bytes);
+  /// Runs and clears fault_hook_ if one is set.
+  void run_fault_hook(const char* where);
   /// Runs a blocking MPI wait, adding its wall and CPU time and an interval to stats_.
   void timed_wait(const char* name, const std::function<void()>& wait);
   /// One ring shift of `group`: member m sends sizes[m] floats to member m + 1 (this rank
@@ -110,6 +119,7 @@ class PlanAttentionEngine final : public AttentionEngine {
   std::vector<GroupTokens> my_groups_;                   ///< queue order
   std::vector<Saved> saved_;
   CommunicationStats stats_;
+  std::function<void(const char* where)> fault_hook_;
 };
 
 }  // namespace ballast::runtime

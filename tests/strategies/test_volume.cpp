@@ -1,0 +1,404 @@
+// Property tests at volume: every strategy on thousands of seeded batches (long-tailed
+// samples of the bundled datasets and adversarial shapes: all-equal lengths, lengths of 1,
+// powers of two plus one, one sequence of exactly one GPU's or the whole cluster's
+// capacity, a sequence at and one past the strategy's limit, mixtures) over several
+// cluster shapes, models (GQA and MHA) and both cost models. Each batch either raises a
+// PlanningError naming a sequence the strategy cannot hold (and only then), or gives a plan
+// that validates, simulates to at least the lower bound, and is byte-identical (same
+// simulated step) when planned again.
+//
+// BALLAST_VOLUME_SCALE (default 1) multiplies the batch counts: 0.25 for a sanitized
+// build, 10 for a long run. The faithful MILP (`flexsp`) costs CBC time per micro-batch, so
+// it gets small batches only (<= 16 sequences on <= 16 GPUs). A summary per strategy
+// (batches, plans, PlanningErrors, seconds) is printed at the end.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <ctime>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
+#include "ballast/strategy.hpp"
+#include "ballast/workload.hpp"
+#include "builders.hpp"
+#include "runnable.hpp"
+
+namespace ballast::strategies {
+namespace {
+
+using testing::longest_runnable_tokens;
+
+// ---- setups -------------------------------------------------------------------------
+
+struct VolumeSetup {
+  std::string label;
+  std::unique_ptr<CostModel> cost;
+};
+
+/// h100 with `gpus_per_node` GPUs and `nics_per_node` NICs per node (fewer NICs than GPUs:
+/// GPUs share a NIC, as on the a800-roce preset).
+Cluster reshaped_h100(int nodes, int gpus_per_node, int nics_per_node) {
+  Cluster cluster = load_cluster("h100", nodes);
+  cluster.name = fmt::format("h100-{}x{}-{}nic", nodes, gpus_per_node, nics_per_node);
+  cluster.gpus_per_node = gpus_per_node;
+  cluster.nics_per_node = nics_per_node;
+  validate_cluster(cluster, cluster.name);
+  return cluster;
+}
+
+const std::vector<VolumeSetup>& setups() {
+  static const std::vector<VolumeSetup> all = [] {
+    std::vector<VolumeSetup> made;
+    const auto add = [&](std::string label, const Cluster& cluster, const std::string& model,
+                         const std::string& cost_model) {
+      made.push_back({std::move(label), make_cost_model(load_cost_model_spec(cost_model), cluster,
+                                                        load_model(model))});
+    };
+    add("h100 1x8 llama-7b (MHA)", load_cluster("h100", 1), "llama-7b", "analytical");
+    add("h100 2x4, 1 NIC/node, llama3-8b (GQA)", reshaped_h100(2, 4, 1), "llama3-8b", "analytical");
+    add("h100 4x8 llama3-8b (GQA)", load_cluster("h100", 4), "llama3-8b", "analytical");
+    add("a800-roce 2x8 (4 NICs) llama-7b", load_cluster("a800-roce", 2), "llama-7b", "analytical");
+    add("a100-ib400 2x8 gpt-7b, profiled", load_cluster("a100-ib400", 2), "gpt-7b",
+        "flexsp-a100-192k");
+    // Rank counts that are not powers of two: 24 GPUs (llama-3b: 24 heads, 8 KV heads)
+    // and 5 nodes of 2 GPUs sharing one NIC.
+    add("h100 3x8 llama-3b (GQA, 24 ranks)", load_cluster("h100", 3), "llama-3b", "analytical");
+    add("h100 5x2, 1 NIC/node, llama-7b", reshaped_h100(5, 2, 1), "llama-7b", "analytical");
+    return made;
+  }();
+  return all;
+}
+
+// ---- batch shapes -------------------------------------------------------------------
+
+double uniform01(std::uint64_t& state) {
+  return static_cast<double>(splitmix64_next(state) >> 11) * 0x1.0p-53;
+}
+
+Tokens log_uniform_tokens(std::uint64_t& state, Tokens max_tokens) {
+  const double value = std::exp(uniform01(state) * std::log(static_cast<double>(max_tokens)));
+  return std::clamp<Tokens>(static_cast<Tokens>(value), 1, max_tokens);
+}
+
+/// What a batch shape is sized against.
+struct Capacities {
+  int ranks = 1;
+  Tokens strategy_max = 1;  ///< the longest sequence this strategy holds
+  Tokens gpu = 1;           ///< one GPU's token capacity (local, no attention buffers)
+  Tokens ring_gpu = 1;      ///< one GPU's capacity inside a ring (KV blocks in flight)
+  Tokens cluster = 1;       ///< the whole cluster: ranks x ring_gpu (the longest any plan holds)
+};
+
+const Dataset& bundled(std::size_t index) {
+  static const std::vector<Dataset> datasets = [] {
+    std::vector<Dataset> loaded;
+    for (const char* name : {"wlbllm", "prolong", "wikipedia", "magi"}) {
+      loaded.push_back(load_dataset(name));
+    }
+    return loaded;
+  }();
+  return datasets[index % datasets.size()];
+}
+
+/// A long-tailed sample of a bundled dataset: a token budget of 0.2-4 steps of the
+/// cluster, documents up to one GPU's capacity (every strategy runs it) or up to the
+/// cluster's (some strategies cannot).
+std::vector<Tokens> sampled(std::uint64_t seed, std::uint64_t& state, const Capacities& capacity) {
+  SamplerOptions options;
+  options.seed = seed;
+  options.tokens_per_step = std::max<Tokens>(
+      capacity.gpu, static_cast<Tokens>(static_cast<double>(capacity.ranks * capacity.gpu) *
+                                        (0.2 + 3.8 * uniform01(state))));
+  options.max_context_tokens =
+      std::min(uniform01(state) < 0.5 ? capacity.gpu : capacity.cluster, *options.tokens_per_step);
+  options.over_context =
+      uniform01(state) < 0.5 ? OverContextPolicy::drop : OverContextPolicy::truncate;
+  options.order = seed % 3 == 0 ? SamplingOrder::sequential : SamplingOrder::random;
+  const Dataset& dataset = bundled(seed / 11);
+  if (dataset.is_histogram()) options.order = SamplingOrder::random;
+  return BatchSampler(dataset, options).next().lengths_tokens;
+}
+
+enum class Shape {
+  dataset,
+  all_equal,
+  ones,
+  powers_of_two_plus_one,
+  cluster_capacity,
+  gpu_capacity,
+  strategy_limit,
+  boundaries,
+  mixed,
+  count,
+};
+
+const char* shape_name(Shape shape) {
+  switch (shape) {
+    case Shape::dataset:
+      return "dataset sample";
+    case Shape::all_equal:
+      return "all equal";
+    case Shape::ones:
+      return "lengths of 1";
+    case Shape::powers_of_two_plus_one:
+      return "powers of two plus one";
+    case Shape::cluster_capacity:
+      return "one sequence of the cluster's capacity";
+    case Shape::gpu_capacity:
+      return "one sequence of one GPU's capacity";
+    case Shape::strategy_limit:
+      return "a sequence at / past the strategy's limit";
+    case Shape::boundaries:
+      return "lengths at tile and capacity boundaries";
+    case Shape::mixed:
+      return "mixed";
+    case Shape::count:
+      break;
+  }
+  return "?";
+}
+
+std::vector<Tokens> make_lengths(Shape shape, std::uint64_t seed, const Capacities& capacity) {
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 7;
+  std::vector<Tokens> lengths;
+  const auto some_short = [&](std::size_t count, Tokens max_tokens) {
+    for (std::size_t i = 0; i < count; ++i)
+      lengths.push_back(log_uniform_tokens(state, max_tokens));
+  };
+  switch (shape) {
+    case Shape::dataset:
+      return sampled(seed, state, capacity);
+    case Shape::all_equal: {
+      const std::size_t count =
+          capacity.ranks * (1 + uniform_below(state, 4)) + uniform_below(state, 3);
+      const Tokens max_tokens = seed % 2 == 0 ? capacity.gpu : capacity.cluster / 4;
+      lengths.assign(count, log_uniform_tokens(state, max_tokens));
+      break;
+    }
+    case Shape::ones:
+      lengths.assign(1 + uniform_below(state, 3000), 1);
+      break;
+    case Shape::powers_of_two_plus_one:
+      for (Tokens power = 1; power + 1 <= capacity.cluster; power *= 2)
+        lengths.push_back(power + 1);
+      if (seed % 2 == 1) std::reverse(lengths.begin(), lengths.end());
+      break;
+    case Shape::cluster_capacity:
+      lengths.push_back(capacity.cluster);
+      some_short(uniform_below(state, 3) * capacity.ranks, capacity.gpu / 8);
+      break;
+    case Shape::gpu_capacity:
+      lengths.push_back(seed % 2 == 0 ? capacity.gpu : capacity.ring_gpu);
+      some_short(uniform_below(state, 2 * capacity.ranks), capacity.gpu / 4);
+      break;
+    case Shape::strategy_limit:
+      some_short(uniform_below(state, capacity.ranks), capacity.gpu / 4);
+      lengths.insert(lengths.begin() + static_cast<std::ptrdiff_t>(lengths.size() / 2),
+                     capacity.strategy_max + (seed % 2 == 0 ? 0 : 1));
+      break;
+    case Shape::boundaries: {
+      // Attention tiles (128), one GPU's and 2^k rings' capacities, each -1, 0, +1.
+      std::vector<Tokens> edges = {128, capacity.gpu, capacity.ring_gpu};
+      for (Tokens ring = 2; ring <= capacity.ranks; ring *= 2)
+        edges.push_back(ring * capacity.ring_gpu);
+      for (const Tokens edge : edges) {
+        for (const Tokens delta : {-1, 0, 1}) {
+          if (edge + delta >= 1 && edge + delta <= capacity.cluster && uniform01(state) < 0.6) {
+            lengths.push_back(edge + delta);
+          }
+        }
+      }
+      some_short(uniform_below(state, capacity.ranks), 256);
+      if (lengths.empty()) lengths.push_back(129);
+      break;
+    }
+    case Shape::mixed:
+      lengths.assign(uniform_below(state, 50), 1);
+      lengths.insert(lengths.end(), uniform_below(state, 2 * capacity.ranks),
+                     1 + static_cast<Tokens>(uniform_below(state, capacity.gpu)));
+      for (Tokens power = 1; power + 1 <= capacity.cluster; power *= 4) {
+        if (uniform01(state) < 0.5) lengths.push_back(power + 1);
+      }
+      some_short(uniform_below(state, 100), std::max<Tokens>(1, capacity.cluster / 2));
+      if (lengths.empty()) lengths.push_back(1);
+      // A seeded shuffle, so that ids do not follow the construction order.
+      for (std::size_t i = lengths.size(); i > 1; --i) {
+        std::swap(lengths[i - 1], lengths[uniform_below(state, i)]);
+      }
+      break;
+    case Shape::count:
+      break;
+  }
+  return lengths;
+}
+
+// ---- the property check -------------------------------------------------------------
+
+struct Tally {
+  int batches = 0;
+  int plans = 0;
+  int planning_errors = 0;
+  double seconds = 0;
+};
+
+std::map<std::string, Tally>& tallies() {
+  static std::map<std::string, Tally> all;
+  return all;
+}
+
+/// CPU seconds of this process (the machine may be shared: wall time would count others).
+double cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+double volume_scale() {
+  const char* text = std::getenv("BALLAST_VOLUME_SCALE");
+  if (text == nullptr) return 1.0;
+  const double scale = std::atof(text);
+  return scale > 0 ? scale : 1.0;
+}
+
+/// A PlanningError must name a sequence (`sequence <id>`) that is longer than the strategy
+/// can hold.
+void expect_names_a_too_long_sequence(const std::string& message,
+                                      const std::vector<Tokens>& lengths, Tokens strategy_max) {
+  const std::size_t at = message.find("sequence ");
+  ASSERT_NE(at, std::string::npos) << message;
+  const long long id = std::atoll(message.c_str() + at + 9);
+  ASSERT_GE(id, 0) << message;
+  ASSERT_LT(static_cast<std::size_t>(id), lengths.size()) << message;
+  EXPECT_GT(lengths[static_cast<std::size_t>(id)], strategy_max) << message;
+}
+
+/// Plans one batch and checks every property (gtest assertions; a fatal one returns early).
+void check_batch(const Planner& planner, const CostModel& cost, const Batch& batch,
+                 Tokens strategy_max, Tally& tally) {
+  ++tally.batches;
+  const bool runnable = batch.max_length_tokens() <= strategy_max;
+  Plan plan;
+  try {
+    plan = planner.plan(batch, cost, {});
+  } catch (const PlanningError& error) {
+    ++tally.planning_errors;
+    EXPECT_FALSE(runnable) << "PlanningError on a batch whose longest sequence ("
+                           << batch.max_length_tokens() << " tokens) fits the strategy's "
+                           << strategy_max << ": " << error.what();
+    expect_names_a_too_long_sequence(error.what(), batch.lengths_tokens, strategy_max);
+    return;
+  }
+  ++tally.plans;
+  ASSERT_TRUE(runnable) << "planned a batch with a sequence of " << batch.max_length_tokens()
+                        << " tokens, over the strategy's " << strategy_max;
+  const ValidationResult validation = validate(plan, cost);
+  ASSERT_TRUE(validation.ok) << validation.message;
+  const SimulationReport report = simulate(plan, cost);
+  EXPECT_GE(report.step_time_s, report.lower_bound.time_s * (1 - 1e-9))
+      << "bound " << report.lower_bound.time_s << " (" << report.lower_bound.binding << ")";
+  const Plan again = planner.plan(batch, cost, {});
+  ASSERT_EQ(plan_to_string(plan), plan_to_string(again)) << "a rerun planned differently";
+  EXPECT_EQ(report.step_time_s, simulate(again, cost).step_time_s);
+}
+
+/// Batches per (strategy, setup) at scale 1; the MILP gets a few hundred small ones overall.
+constexpr int kBatchesPerSetup = 150;
+constexpr int kMilpBatchesPerSetup = 12;
+constexpr std::size_t kMilpMaxSequences = 16;
+constexpr int kMilpMaxGpus = 16;
+
+class Volume : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Volume, ValidAboveTheBoundAndDeterministic) {
+  const Planner& planner = find_planner(GetParam());
+  const bool milp = planner.name() == "flexsp";
+  const int per_setup =
+      std::max(1, static_cast<int>(std::lround((milp ? kMilpBatchesPerSetup : kBatchesPerSetup) *
+                                               volume_scale())));
+  Tally& tally = tallies()[planner.name()];
+  const double start_s = cpu_seconds();
+  for (std::size_t s = 0; s < setups().size(); ++s) {
+    const VolumeSetup& setup = setups()[s];
+    const CostModel& cost = *setup.cost;
+    if (milp && cost.cluster().ranks() > kMilpMaxGpus) continue;
+    Capacities capacity;
+    capacity.ranks = cost.cluster().ranks();
+    capacity.strategy_max = longest_runnable_tokens(planner.name(), cost);
+    capacity.gpu = usable_tokens_per_rank(cost, Scheme::local, 1);
+    capacity.ring_gpu = usable_tokens_per_rank(cost, Scheme::ring, 2);
+    capacity.cluster = capacity.ring_gpu * capacity.ranks;
+    for (int i = 0; i < per_setup; ++i) {
+      // The seed depends on the setup and index only: every strategy sees the same batches.
+      const auto seed = static_cast<std::uint64_t>(s * 100'003 + static_cast<std::size_t>(i));
+      const auto shape =
+          static_cast<Shape>(static_cast<std::size_t>(i) % static_cast<std::size_t>(Shape::count));
+      std::vector<Tokens> lengths = make_lengths(shape, seed, capacity);
+      if (milp && lengths.size() > kMilpMaxSequences) {
+        // Keep the longest (the shape's point) and the first others.
+        const auto longest = std::max_element(lengths.begin(), lengths.end());
+        std::iter_swap(lengths.begin(), longest);
+        lengths.resize(kMilpMaxSequences);
+      }
+      const Batch batch = make_batch(std::move(lengths), static_cast<std::int64_t>(seed));
+      SCOPED_TRACE(::testing::Message()
+                   << planner.name() << " on " << setup.label << ", seed " << seed << ", "
+                   << shape_name(shape) << ", " << batch.lengths_tokens.size()
+                   << " sequences, longest " << batch.max_length_tokens());
+      const double batch_start_s = cpu_seconds();
+      check_batch(planner, cost, batch, capacity.strategy_max, tally);
+      if (std::getenv("BALLAST_VOLUME_VERBOSE") != nullptr) {
+        std::printf("%s, %s, seed %llu, %s: %zu sequences, longest %lld: %.3f CPU s\n",
+                    planner.name().c_str(), setup.label.c_str(),
+                    static_cast<unsigned long long>(seed), shape_name(shape),
+                    batch.lengths_tokens.size(), static_cast<long long>(batch.max_length_tokens()),
+                    cpu_seconds() - batch_start_s);
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  tally.seconds += cpu_seconds() - start_s;
+  EXPECT_GT(tally.plans, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStrategies, Volume, ::testing::ValuesIn(planner_names()),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+/// Prints the summary after every test has run (one line per strategy that ran).
+class Summary : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (tallies().empty()) return;
+    std::printf("\nvolume summary (BALLAST_VOLUME_SCALE=%g)\n", volume_scale());
+    std::printf("%-22s %8s %8s %16s %12s\n", "strategy", "batches", "plans", "PlanningErrors",
+                "CPU seconds");
+    Tally total;
+    for (const auto& [name, tally] : tallies()) {
+      std::printf("%-22s %8d %8d %16d %12.1f\n", name.c_str(), tally.batches, tally.plans,
+                  tally.planning_errors, tally.seconds);
+      total.batches += tally.batches;
+      total.plans += tally.plans;
+      total.planning_errors += tally.planning_errors;
+      total.seconds += tally.seconds;
+    }
+    std::printf("%-22s %8d %8d %16d %12.1f\n", "total", total.batches, total.plans,
+                total.planning_errors, total.seconds);
+  }
+};
+
+const auto* const kSummary = ::testing::AddGlobalTestEnvironment(new Summary);
+
+}  // namespace
+}  // namespace ballast::strategies
