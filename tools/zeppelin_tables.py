@@ -15,12 +15,24 @@ ballast = next((a for a in sys.argv[1:] if not a.startswith("--")), "build/tools
 jobs = int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else 2
 
 
+finished = []
+
+
+def progress(text):
+    """A status line on stderr, rewritten in place, only when stderr is a terminal."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\033[K{text}" if text else "\r\033[K")
+        sys.stderr.flush()
+
+
 def compare(*args):
     start = time.monotonic()
     out = subprocess.run([ballast, "compare", "--format", "json", *args], check=True,
                          capture_output=True, text=True).stdout
     result = json.loads(out)
     result["wall_s"] = time.monotonic() - start
+    finished.append(args)
+    progress(f"zeppelin_tables: {len(finished)}/{total} compares done ({' '.join(args)})")
     return result
 
 
@@ -42,10 +54,12 @@ names = [line.split()[0] for line in listing.splitlines()
          if line.strip().startswith("zeppelin-")]
 main = [n for n in names if not n.startswith("zeppelin-scale-")]
 scale = [n for n in names if n.startswith("zeppelin-scale-")]
+total = len(names) + 1  # and the ablation ladder
 
 with ThreadPoolExecutor(max_workers=jobs) as pool:
     results = dict(zip(names, pool.map(lambda n: compare("--scenario", n), names)))
     ladder = pool.submit(compare, "--scenario", "zeppelin-a800-13b-wlbllm", "--ablation").result()
+progress("")
 
 strategies = ["static-cp", "static-cp-allgather", "hybrid-dp", "zeppelin"]
 print("### Scenarios (64 GPUs, 512 Ki tokens per step, 128K context, mean of 4 steps)\n")
