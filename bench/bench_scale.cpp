@@ -204,11 +204,22 @@ int main(int argc, char** argv) {
       "| simulate s CPU (wall) | plan JSON MiB "
       "| peak RSS MiB (plan+simulate) | peak RSS MiB (+JSON) | gap to bound |\n"
       "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  // Progress on stderr, only when it is a terminal (logs keep just the table).
+  const bool show_progress = isatty(STDERR_FILENO) != 0;
+  const std::size_t runs = case_names.size() * strategies.size();
+  std::size_t run = 0;
   for (const std::string& case_name : case_names) {
     for (const ScaleCase& scale_case : all_cases()) {
       if (scale_case.name != case_name) continue;
       for (const std::string& strategy : strategies) {
-        std::printf("%s\n", measure_in_child(scale_case, strategy, timeout_s).c_str());
+        if (show_progress) {
+          std::fprintf(stderr, "\r\033[Kbench_scale: %s, %s (%zu of %zu)", case_name.c_str(),
+                       strategy.c_str(), ++run, runs);
+          std::fflush(stderr);
+        }
+        const std::string row = measure_in_child(scale_case, strategy, timeout_s);
+        if (show_progress) std::fprintf(stderr, "\r\033[K");
+        std::printf("%s\n", row.c_str());
         std::fflush(stdout);
       }
     }

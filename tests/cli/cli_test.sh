@@ -187,6 +187,13 @@ expect_error "profiled model mismatch" "analytical" compare --cost-model flexsp-
 printf '2000000\n1000\n' > "$work/huge.txt"
 expect_error "too long for packed-dp" "(2,000,000 tokens)" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --max-context 4000000 --nodes 1
 expect_error "over-context error policy" "--max-context" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --over-context error
+# A failing command leaves -o untouched: no new file, an existing one as it was.
+"$ballast" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --max-context 4000000 --nodes 1 -o "$work/never.json" 2>/dev/null
+check "failed plan creates no -o file" test ! -e "$work/never.json"
+echo "previous contents" > "$work/kept.json"
+"$ballast" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --max-context 4000000 --nodes 1 -o "$work/kept.json" 2>/dev/null
+check "failed plan keeps an existing -o file" grep -qx "previous contents" "$work/kept.json"
+expect_error "unwritable -o" "cannot write" plan --strategy hybrid-dp --nodes 1 -o "$work/no-such-folder/plan.json"
 
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

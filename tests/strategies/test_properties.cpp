@@ -85,7 +85,7 @@ void check_strategy(const Planner& planner, const TestSetup& setup) {
   int planned = 0;
   int tried = 0;
   // The faithful MILP costs CBC seconds per plan: every fifth seed (all six shapes still),
-  // or every BALLAST_PROPERTY_MILP_STRIDE-th (scripts/test-sanitized: 25).
+  // or every BALLAST_PROPERTY_MILP_STRIDE-th (scripts/test-sanitized: 10).
   const std::uint64_t stride = planner.name() == "flexsp" ? milp_seed_stride() : 1;
   for (std::uint64_t seed = 0; seed < kBatchesPerSetup; seed += stride) {
     ++tried;

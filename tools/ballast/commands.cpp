@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <sstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -21,18 +22,28 @@ namespace ballast::cli {
 
 namespace {
 
-/// stdout, or the -o file (created/truncated).
+/// stdout, or the -o file. The file is written only by commit(), once the command has
+/// succeeded: a command that fails leaves an existing file as it was and creates none
+/// (its writability is checked up front, before any work).
 class Output {
  public:
-  explicit Output(const std::string& path) {
-    if (path.empty()) return;
-    file_ = std::make_unique<std::ofstream>(path, std::ios::binary | std::ios::trunc);
-    if (!*file_) throw InputError(fmt::format("-o {}: cannot write this file; check the path", path));
+  explicit Output(std::string path) : path_(std::move(path)) {
+    if (!path_.empty() && !can_write(path_)) {
+      throw InputError(fmt::format("-o {}: cannot write this file; check the path", path_));
+    }
   }
-  std::ostream& stream() { return file_ ? *file_ : std::cout; }
+  std::ostream& stream() { return path_.empty() ? std::cout : buffer_; }
+  void commit() {
+    if (path_.empty()) return;
+    std::ofstream file(path_, std::ios::binary | std::ios::trunc);
+    file << buffer_.str();
+    file.flush();
+    if (!file) throw InputError(fmt::format("-o {}: cannot write this file; check the path", path_));
+  }
 
  private:
-  std::unique_ptr<std::ofstream> file_;
+  std::string path_;
+  std::ostringstream buffer_;
 };
 
 /// One status line on stderr, rewritten in place, only when stderr is a terminal (never in
@@ -206,6 +217,7 @@ int run_plan(const PlanArgs& args) {
     text += plan_to_string(plan);
   }
   output.stream() << text << (several ? "]\n" : "");
+  output.commit();
   return 0;
 }
 
@@ -325,6 +337,7 @@ int run_simulate(const SimulateArgs& args) {
   if (!args.plot_path.empty() && format == Format::text && !timeline.is_null()) {
     fmt::print(out, "timeline of step {} drawn to {}\n", plans.front().step, args.plot_path);
   }
+  output.commit();
   return 0;
 }
 
@@ -391,6 +404,7 @@ int run_compare(const CompareArgs& args) {
   } else {
     out << json.dump(1) << "\n";
   }
+  output.commit();
   return 0;
 }
 

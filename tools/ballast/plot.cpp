@@ -50,19 +50,6 @@ int run_process(const std::vector<std::string>& argv) {
 
 std::string plot_script() { return tools_dir() + "/plot.py"; }
 
-/// Whether `path` can be written, without creating it: an existing file that is writable,
-/// or a new name in a writable folder.
-bool can_write(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  if (fs::exists(path, error)) {
-    return !fs::is_directory(path, error) && access(path.c_str(), W_OK) == 0;
-  }
-  fs::path folder = fs::path(path).parent_path();
-  if (folder.empty()) folder = ".";
-  return fs::is_directory(folder, error) && access(folder.c_str(), W_OK) == 0;
-}
-
 std::string lower_extension(const std::string& path) {
   std::string extension = std::filesystem::path(path).extension().string();
   for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -94,6 +81,19 @@ class TemporaryJson {
 };
 
 }  // namespace
+
+/// Whether `path` can be written, without creating it: an existing file that is writable,
+/// or a new name in a writable folder.
+bool can_write(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::exists(path, error)) {
+    return !fs::is_directory(path, error) && access(path.c_str(), W_OK) == 0;
+  }
+  fs::path folder = fs::path(path).parent_path();
+  if (folder.empty()) folder = ".";
+  return fs::is_directory(folder, error) && access(folder.c_str(), W_OK) == 0;
+}
 
 std::string tools_dir() {
   const char* from_environment = std::getenv("BALLAST_TOOLS_DIR");

@@ -15,6 +15,10 @@ std::string tools_dir();
 /// The Python that runs plot.py: $BALLAST_PYTHON if set, else /usr/bin/python3.
 std::string plot_python();
 
+/// Whether `path` can be written, without creating it: an existing file that is
+/// writable, or a new name in a writable folder.
+bool can_write(const std::string& path);
+
 /// Checks `--plot path` of `ballast <command>` before the command's work starts: the
 /// extension (.svg or .png), that the file can be written, that plot.py exists and that
 /// the Python imports matplotlib. Throws InputError (exit code 2) naming the fix, e.g.
