@@ -4,18 +4,10 @@
 set -uo pipefail
 ballast="$1"
 source_dir="$2"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-passed=0
-failed=0
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-check() {  # check NAME CONDITION-COMMAND...
-  local name="$1"; shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name" >&2; fi
-}
-# expect_exit CODE OUT_FILE ERR_FILE -- command...
+# run OUT ERR COMMAND...: prints the command's exit code
 run() { local out="$1" err="$2"; shift 2; "$@" >"$out" 2>"$err"; echo $?; }
-has() { grep -q -- "$2" "$1" || { echo "  '$1' lacks '$2':" >&2; head -5 "$1" >&2; return 1; }; }
 json_ok() { /usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$1"; }
 
 # --- help with examples on every subcommand ---
@@ -195,5 +187,4 @@ echo "previous contents" > "$work/kept.json"
 check "failed plan keeps an existing -o file" grep -qx "previous contents" "$work/kept.json"
 expect_error "unwritable -o" "cannot write" plan --strategy hybrid-dp --nodes 1 -o "$work/no-such-folder/plan.json"
 
-echo "cli: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish cli

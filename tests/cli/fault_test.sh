@@ -9,15 +9,8 @@ ballast="$1"
 mpiexec="$2"
 shift 2
 flags=("$@")
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bound=30      # seconds a failing job may take to end (measured: docs/hardening.md)
-passed=0
-failed=0
-check() {
-  local name="$1"; shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name" >&2; fi
-}
 # run NAME FAULT ARGS...: runs mpiexec ARGS with BALLAST_FAULT=FAULT under an outer
 # timeout (a hang fails instead of blocking CI); sets $code, $milliseconds and
 # $work/NAME.{out,err}.
@@ -109,5 +102,4 @@ rejected no-effect "--model has no effect on ballast run"
 run no-steps "" -np 2 "$ballast" run --steps 0
 rejected no-steps "--steps 0 must be at least 1"
 
-echo "fault: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish fault

@@ -6,18 +6,9 @@
 set -uo pipefail
 ballast="$1"
 source_dir="$2"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export BALLAST_TOOLS_DIR="$source_dir/tools"
-passed=0
-failed=0
-
-check() {  # check NAME CONDITION-COMMAND...
-  local name="$1"; shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name" >&2; fi
-}
 run() { local out="$1" err="$2"; shift 2; "$@" >"$out" 2>"$err"; echo $?; }
-has() { grep -q -- "$2" "$1" || { echo "  '$1' lacks '$2':" >&2; head -5 "$1" >&2; return 1; }; }
 empty() { [ ! -s "$1" ] || { echo "  '$1' is not empty:" >&2; head -5 "$1" >&2; return 1; }; }
 small=(--steps 1 --strategies packed-dp,static-cp,zeppelin)  # seconds, not the default's MILP
 
@@ -122,5 +113,4 @@ code=$(run "$work/out" "$work/err" "$ballast" simulate --strategy zeppelin --nod
 check "timeline of 128 ranks exits 0" test "$code" = 0
 check "timeline of 128 ranks shows 32 of them" has "$work/big.svg" "32 of 128 ranks"
 
-echo "plot_test: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish plot_test

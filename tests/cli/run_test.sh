@@ -8,16 +8,8 @@ ballast="$1"
 mpiexec="$2"
 shift 2
 flags=("$@")
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-passed=0
-failed=0
-check() {
-  local name="$1"; shift
-  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $name" >&2; fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 run() { local out="$1" err="$2"; shift 2; timeout 120 "$mpiexec" "${flags[@]}" "$@" >"$out" 2>"$err"; echo $?; }
-has() { grep -q -- "$2" "$1" || { echo "  '$1' lacks '$2':" >&2; head -5 "$1" >&2; cat "$work/err" >&2; return 1; }; }
 exact() {  # exact FILE: the JSON's max_rel_error is below 1e-5 and it has the documented keys
   /usr/bin/python3 - "$1" <<'PY'
 import json, sys
@@ -51,5 +43,4 @@ code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --corpus "$work/no-such-
 check "missing corpus exits non-zero (no hang)" test "$code" != 0 -a "$code" != 124
 check "missing corpus names the path" has "$work/err" "no-such-corpus"
 
-echo "run: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish run
