@@ -18,6 +18,11 @@ inline std::int64_t saturating_multiply(std::int64_t a, std::int64_t b) {
   std::int64_t product = 0;
   return __builtin_mul_overflow(a, b, &product) ? std::numeric_limits<std::int64_t>::max() : product;
 }
+/// numerator / denominator rounded up, for numerator >= 0 and denominator > 0; no
+/// intermediate overflow even for a denominator near 2^63 (a saturated capacity).
+inline std::int64_t ceil_div(std::int64_t numerator, std::int64_t denominator) {
+  return numerator / denominator + (numerator % denominator != 0 ? 1 : 0);
+}
 /// a + b, or the largest int64 when it would overflow. Both terms must be >= 0.
 inline std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
   std::int64_t sum = 0;

@@ -30,10 +30,6 @@ std::vector<std::pair<int, Tokens>> tokens_per_member(const AttentionGroup& grou
   return summed;
 }
 
-Tokens ceil_div(Tokens numerator, Tokens denominator) {
-  return (numerator + denominator - 1) / denominator;
-}
-
 /// One layer's attention buffer on each member of the group.
 Bytes group_transient_bytes(const AttentionGroup& group, const Model& model) {
   if (group.scheme == Scheme::local || group.ranks.empty()) return 0;

@@ -11,11 +11,6 @@ namespace ballast {
 
 namespace {
 
-/// numerator >= 0, denominator > 0; no overflow even for a denominator near 2^63.
-Tokens ceil_div(Tokens numerator, Tokens denominator) {
-  return numerator / denominator + (numerator % denominator != 0 ? 1 : 0);
-}
-
 /// Linear layers plus attention at its pair floor, forward and backward, all sequences.
 Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
   Seconds total_s = 0;

@@ -37,7 +37,7 @@ void check_micro_batch_limits(const Batch& batch, const CostModel& cost,
   const int ranks = cost.cluster().ranks();
   const Tokens cluster_tokens = saturating_multiply(ranks, cost.token_capacity_per_rank());
   const Tokens total = batch.total_tokens();  // <= kMaxBatchTokens: no overflow below
-  const std::int64_t needed = total / cluster_tokens + (total % cluster_tokens != 0 ? 1 : 0);
+  const std::int64_t needed = ceil_div(total, cluster_tokens);
   const std::int64_t limit = std::min(kMaxMicroBatches, kMaxRankMicroBatches / ranks);
   if (needed <= limit) return;
   throw PlanningError(fmt::format(

@@ -69,8 +69,6 @@ std::vector<int> power_of_two_divisors(int value) {
   return out;
 }
 
-Tokens ceil_div(Tokens a, Tokens b) { return (a + b - 1) / b; }
-
 // ---- hierarchical placement ----
 
 struct Item {
