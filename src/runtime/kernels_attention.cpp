@@ -1,37 +1,21 @@
-// Runtime kernels: the OpenBLAS sgemm wrapper, the blocked online-softmax attention over
-// packed variable-length documents (forward, finalize, backward) and its naive references.
+// Runtime kernels: the OpenBLAS sgemm wrapper and the blocked online-softmax attention over
+// packed variable-length documents (forward, finalize, backward), tile by tile.
 // docs/runtime-kernels.md describes the algorithm, the tolerance and the measured speed.
 #include "ballast/runtime/kernels.hpp"
 
 #include <cblas.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
-#include <string>
 #include <vector>
 
 #include "ballast/error.hpp"
+#include "kernels_internal.hpp"
 
 namespace ballast::runtime {
-namespace {
 
-constexpr float kInfinity = std::numeric_limits<float>::infinity();
-/// Queries per tile. With the query heads of one KV head stacked, a tile's GEMMs have
-/// kQueryTile * (heads / kv_heads) rows.
-constexpr int kQueryTile = 64;
-/// Keys per tile: the granularity at which the mask is decided (64 wastes little on the
-/// diagonal of a causal document and on documents of 64 tokens).
-constexpr int kKeyTile = 64;
-/// Consecutive unmasked key tiles are merged into one GEMM of up to this many keys.
-constexpr int kMaxKeyRun = 512;
-
-// ----------------------------------------------------------------------------------------
-// Checks
+namespace kernels_detail {
 
 void check_shape(const AttentionShape& shape) {
   BALLAST_CHECK(shape.heads > 0 && shape.kv_heads > 0 && shape.head_dim > 0,
@@ -45,9 +29,20 @@ void check_span(TokenSpan span) {
                 "token span without doc/pos arrays");
 }
 
-std::size_t head_values(int tokens, int heads, const AttentionShape& shape) {
-  return static_cast<std::size_t>(tokens) * heads * shape.head_dim;
-}
+}  // namespace kernels_detail
+
+using namespace kernels_detail;
+
+namespace {
+
+/// Queries per tile. With the query heads of one KV head stacked, a tile's GEMMs have
+/// kQueryTile * (heads / kv_heads) rows.
+constexpr int kQueryTile = 64;
+/// Keys per tile: the granularity at which the mask is decided (64 wastes little on the
+/// diagonal of a causal document and on documents of 64 tokens).
+constexpr int kKeyTile = 64;
+/// Consecutive unmasked key tiles are merged into one GEMM of up to this many keys.
+constexpr int kMaxKeyRun = 512;
 
 // ----------------------------------------------------------------------------------------
 // Tiles and the mask
@@ -132,226 +127,6 @@ void build_bias(TokenSpan queries, const TileExtent& tile, TokenSpan keys, const
   }
 }
 
-/// A masked run's bias, or none (bias null) for a run of fully visible tiles. Stacked row r
-/// of a head group is token r % tokens of the query tile.
-struct Mask {
-  const float* bias = nullptr;
-  int tokens = 0;
-  const float* row(int stacked_row, int count) const {
-    return bias == nullptr ? nullptr
-                           : bias + static_cast<std::size_t>(stacked_row % tokens) * count;
-  }
-};
-
-// ----------------------------------------------------------------------------------------
-// Row operations on the score rows of a tile, W floats at a time: GCC/Clang vector
-// extensions compiled for the x86-64 baseline (SSE2, W = 4) and, chosen at run time, for
-// AVX2 (W = 8) and AVX-512 (W = 16). SIMD without -ffast-math or intrinsics.
-
-#define BALLAST_ROWS_INLINE [[gnu::always_inline]] inline
-
-template <int W>
-struct VectorTypes;
-#define BALLAST_VECTOR_TYPES(width)                                                \
-  template <>                                                                      \
-  struct VectorTypes<width> {                                                      \
-    typedef float Floats __attribute__((vector_size(width * sizeof(float))));      \
-    typedef std::int32_t Ints __attribute__((vector_size(width * sizeof(float)))); \
-  };
-BALLAST_VECTOR_TYPES(4)
-BALLAST_VECTOR_TYPES(8)
-BALLAST_VECTOR_TYPES(16)
-
-// Every function below is inlined into one instruction set's functions, so the vector
-// calling convention -Wpsabi warns about never reaches an ABI boundary (vector
-// parameters are references for the same reason: GCC notes them regardless of pragmas).
-#if defined(__GNUC__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
-template <int W>
-struct Lanes {
-  using Floats = typename VectorTypes<W>::Floats;
-  using Ints = typename VectorTypes<W>::Ints;
-
-  BALLAST_ROWS_INLINE static Floats load(const float* source) {
-    Floats values;
-    std::memcpy(&values, source, sizeof values);
-    return values;
-  }
-  BALLAST_ROWS_INLINE static void store(float* target, const Floats& values) {
-    std::memcpy(target, &values, sizeof values);
-  }
-  BALLAST_ROWS_INLINE static Floats broadcast(float value) { return Floats{} + value; }
-  /// Lane-wise `mask ? a : b` for a comparison's mask (all bits set or none).
-  BALLAST_ROWS_INLINE static Floats select(const Ints& mask, const Floats& a, const Floats& b) {
-    return std::bit_cast<Floats>((std::bit_cast<Ints>(a) & mask) |
-                                 (std::bit_cast<Ints>(b) & ~mask));
-  }
-
-  /// exp(x) without calls or branches: x = n ln2 + r with |r| <= ln2/2 and Cephes' expf
-  /// polynomial for exp(r); relative error 8.1e-8 (1.4 ulp) at most over [-87, 0], where
-  /// the kernels use it. x below -87 (exp a denormal or 0) and -infinity give 0; NaN
-  /// stays NaN.
-  BALLAST_ROWS_INLINE static Floats exp(const Floats& x) {
-    const Floats low = broadcast(-87.0f), high = broadcast(88.0f);
-    Floats clamped = select(x > low, x, low);
-    clamped = select(clamped < high, clamped, high);
-    const Floats round_magic = broadcast(12582912.0f);  // 1.5 * 2^23: adding it rounds
-    const Floats n = (clamped * 1.44269504088896341f + round_magic) - round_magic;
-    const Floats r = (clamped - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 in two parts
-    Floats p = broadcast(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const Ints two_to_n = (__builtin_convertvector(n, Ints) + 127) << 23;
-    const Floats value = select(x < low, Floats{}, p * std::bit_cast<Floats>(two_to_n));
-    return select(x != x, x, value);
-  }
-  BALLAST_ROWS_INLINE static float exp_scalar(float x) { return exp(broadcast(x))[0]; }
-
-  BALLAST_ROWS_INLINE static float max(const float* x, int count) {
-    Floats lanes = broadcast(-kInfinity);
-    int j = 0;
-    for (; j + W <= count; j += W) {
-      const Floats values = load(x + j);
-      lanes = select(lanes < values, values, lanes);
-    }
-    float result = -kInfinity;
-    for (int lane = 0; lane < W; ++lane) result = std::max(result, lanes[lane]);
-    for (; j < count; ++j) result = std::max(result, x[j]);
-    return result;
-  }
-
-  /// x[j] = exp(x[j] - shift); returns the sum of the new x.
-  BALLAST_ROWS_INLINE static float exp_shifted_sum(float* x, int count, float shift) {
-    const Floats shifts = broadcast(shift);
-    Floats sums{};
-    int j = 0;
-    for (; j + W <= count; j += W) {
-      const Floats values = exp(load(x + j) - shifts);
-      store(x + j, values);
-      sums += values;
-    }
-    float result = 0;
-    for (int lane = 0; lane < W; ++lane) result += sums[lane];
-    for (; j < count; ++j) {
-      x[j] = exp_scalar(x[j] - shift);
-      result += x[j];
-    }
-    return result;
-  }
-
-  /// Where bias is -infinity, the score becomes -infinity (also a NaN score: masked keys
-  /// must not reach the softmax).
-  BALLAST_ROWS_INLINE static void apply_bias(float* scores, const float* bias, int count) {
-    int j = 0;
-    for (; j + W <= count; j += W) {
-      const Floats biases = load(bias + j);
-      store(scores + j, select(biases == Floats{}, load(scores + j), biases));
-    }
-    for (; j < count; ++j) scores[j] = bias[j] == 0.0f ? scores[j] : bias[j];
-  }
-
-  /// Online softmax over one run of keys: scores [rows, count] become P = exp(s - new max);
-  /// row_max, row_sum and out [rows, dim] are rescaled to the new maxima.
-  BALLAST_ROWS_INLINE static void softmax_update(float* scores, int rows, int count, Mask mask,
-                                                 float* row_max, float* row_sum, float* out,
-                                                 int dim) {
-    for (int row = 0; row < rows; ++row) {
-      float* p = scores + static_cast<std::size_t>(row) * count;
-      if (mask.bias != nullptr) apply_bias(p, mask.row(row, count), count);
-      const float new_max = std::max(row_max[row], max(p, count));
-      if (new_max == -kInfinity) {  // nothing visible yet: P = 0, state unchanged
-        std::fill_n(p, count, 0.0f);
-        continue;
-      }
-      const float correction = exp_scalar(row_max[row] - new_max);  // 0 when the old max is -inf
-      row_sum[row] = row_sum[row] * correction + exp_shifted_sum(p, count, new_max);
-      row_max[row] = new_max;
-      if (correction == 1.0f) continue;
-      float* out_row = out + static_cast<std::size_t>(row) * dim;
-      for (int d = 0; d < dim; ++d) out_row[d] *= correction;
-    }
-  }
-
-  /// P = exp(s - lse) in place over scores [rows, count]; rows with lse -inf (queries that
-  /// see no key at all) are 0.
-  BALLAST_ROWS_INLINE static void probabilities(float* scores, int rows, int count, Mask mask,
-                                                const float* lse) {
-    for (int row = 0; row < rows; ++row) {
-      float* p = scores + static_cast<std::size_t>(row) * count;
-      if (lse[row] == -kInfinity) {
-        std::fill_n(p, count, 0.0f);
-        continue;
-      }
-      if (mask.bias != nullptr) apply_bias(p, mask.row(row, count), count);
-      exp_shifted_sum(p, count, lse[row]);
-    }
-  }
-
-  /// dS = P (dP - delta) in place over d_scores (holding dP) [rows, count].
-  BALLAST_ROWS_INLINE static void score_gradients(float* d_scores, const float* p, int rows,
-                                                  int count, const float* delta) {
-    for (int row = 0; row < rows; ++row) {
-      const std::size_t begin = static_cast<std::size_t>(row) * count, end = begin + count;
-      std::size_t j = begin;
-      const Floats row_delta = broadcast(delta[row]);
-      for (; j + W <= end; j += W)
-        store(d_scores + j, load(p + j) * (load(d_scores + j) - row_delta));
-      for (; j < end; ++j) d_scores[j] = p[j] * (d_scores[j] - delta[row]);
-    }
-  }
-};
-
-/// The row operations for one instruction set.
-struct RowKernels {
-  void (*softmax_update)(float* scores, int rows, int count, Mask mask, float* row_max,
-                         float* row_sum, float* out, int dim);
-  void (*probabilities)(float* scores, int rows, int count, Mask mask, const float* lse);
-  void (*score_gradients)(float* d_scores, const float* p, int rows, int count, const float* delta);
-};
-
-// Out-of-line instances: the target attribute must sit on the functions Lanes<W> inlines into.
-#define BALLAST_ROW_KERNELS(name, width, ...)                                                \
-  __VA_ARGS__ void name##_softmax_update(float* s, int rows, int count, Mask mask, float* m, \
-                                         float* l, float* o, int dim) {                      \
-    Lanes<width>::softmax_update(s, rows, count, mask, m, l, o, dim);                        \
-  }                                                                                          \
-  __VA_ARGS__ void name##_probabilities(float* s, int rows, int count, Mask mask,            \
-                                        const float* lse) {                                  \
-    Lanes<width>::probabilities(s, rows, count, mask, lse);                                  \
-  }                                                                                          \
-  __VA_ARGS__ void name##_score_gradients(float* d, const float* p, int rows, int count,     \
-                                          const float* delta) {                              \
-    Lanes<width>::score_gradients(d, p, rows, count, delta);                                 \
-  }                                                                                          \
-  constexpr RowKernels name##_kernels{name##_softmax_update, name##_probabilities,           \
-                                      name##_score_gradients};
-
-BALLAST_ROW_KERNELS(baseline, 4)
-#if defined(__x86_64__) && defined(__GNUC__)
-BALLAST_ROW_KERNELS(avx2, 8, __attribute__((target("avx2,fma"))))
-BALLAST_ROW_KERNELS(avx512, 16, __attribute__((target("avx512f"))))
-#endif
-
-/// The widest row kernels the CPU runs, or those BALLAST_KERNEL_SIMD names (baseline,
-/// avx2, avx512; for tests and comparisons) if the CPU runs them.
-const RowKernels& row_kernels() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  const char* requested = std::getenv("BALLAST_KERNEL_SIMD");
-  const std::string name = requested != nullptr ? requested : "";
-  const bool avx512 = __builtin_cpu_supports("avx512f") && (name.empty() || name == "avx512");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    (name.empty() || name == "avx512" || name == "avx2");
-  if (avx512) return avx512_kernels;
-  if (avx2) return avx2_kernels;
-#endif
-  return baseline_kernels;
-}
 
 // ----------------------------------------------------------------------------------------
 // One query tile against its key runs, every head
@@ -536,6 +311,7 @@ void backward_tile(const AttentionShape& shape, const TileExtent& tile, const Ba
   unpack(t, scratch.d_q.data(), d_q, true);
 }
 
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------
@@ -645,120 +421,6 @@ void attention_backward_accumulate(const AttentionShape& shape, const float* q, 
   for (const TileExtent& query_tile : tile_extents(queries, kQueryTile)) {
     const std::vector<KeyRun> runs = key_runs(query_tile, key_tiles);
     if (!runs.empty()) backward_tile(shape, query_tile, inputs, runs, d_q, d_k, d_v, scratch);
-  }
-}
-
-// ----------------------------------------------------------------------------------------
-// References: every score materialised, double accumulation.
-
-namespace {
-
-/// Probabilities of one (query, head) over all keys (0 where masked) in double; false if
-/// the query sees no key.
-bool reference_probabilities(const AttentionShape& shape, const float* q, TokenSpan queries,
-                             const float* k, TokenSpan keys, int query, int head,
-                             std::vector<double>& probabilities) {
-  const int dim = shape.head_dim;
-  const int kv_head = head / (shape.heads / shape.kv_heads);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-  const float* q_row = q + (static_cast<std::size_t>(query) * shape.heads + head) * dim;
-  probabilities.assign(keys.count, 0.0);
-  double max_score = -std::numeric_limits<double>::infinity();
-  std::vector<char> visible(keys.count, 0);
-  for (int key = 0; key < keys.count; ++key) {
-    if (keys.doc[key] != queries.doc[query] || keys.pos[key] > queries.pos[query]) continue;
-    const float* k_row = k + (static_cast<std::size_t>(key) * shape.kv_heads + kv_head) * dim;
-    double dot = 0;
-    for (int d = 0; d < dim; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
-    probabilities[key] = dot * scale;
-    visible[key] = 1;
-    max_score = std::max(max_score, dot * scale);
-  }
-  if (max_score == -std::numeric_limits<double>::infinity()) return false;
-  double sum = 0;
-  for (int key = 0; key < keys.count; ++key) {
-    probabilities[key] = visible[key] ? std::exp(probabilities[key] - max_score) : 0.0;
-    sum += probabilities[key];
-  }
-  for (double& probability : probabilities) probability /= sum;
-  return true;
-}
-
-}  // namespace
-
-void attention_reference_forward(const AttentionShape& shape, const float* q, TokenSpan queries,
-                                 const float* k, const float* v, TokenSpan keys, float* out) {
-  check_shape(shape);
-  check_span(queries);
-  check_span(keys);
-  const int dim = shape.head_dim;
-  const int group = shape.heads / shape.kv_heads;
-  std::vector<double> probabilities;
-  std::vector<double> row(dim);
-  for (int query = 0; query < queries.count; ++query) {
-    for (int head = 0; head < shape.heads; ++head) {
-      std::fill(row.begin(), row.end(), 0.0);
-      if (reference_probabilities(shape, q, queries, k, keys, query, head, probabilities)) {
-        for (int key = 0; key < keys.count; ++key) {
-          if (probabilities[key] == 0.0) continue;
-          const float* v_row =
-              v + (static_cast<std::size_t>(key) * shape.kv_heads + head / group) * dim;
-          for (int d = 0; d < dim; ++d) row[d] += probabilities[key] * v_row[d];
-        }
-      }
-      float* target = out + (static_cast<std::size_t>(query) * shape.heads + head) * dim;
-      for (int d = 0; d < dim; ++d) target[d] = static_cast<float>(row[d]);
-    }
-  }
-}
-
-void attention_reference_backward(const AttentionShape& shape, const float* q, const float* d_out,
-                                  TokenSpan queries, const float* k, const float* v, TokenSpan keys,
-                                  float* d_q, float* d_k, float* d_v) {
-  check_shape(shape);
-  check_span(queries);
-  check_span(keys);
-  const int dim = shape.head_dim;
-  const int group = shape.heads / shape.kv_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-  std::vector<double> d_k_sum(head_values(keys.count, shape.kv_heads, shape), 0.0);
-  std::vector<double> d_v_sum(d_k_sum.size(), 0.0);
-  std::vector<double> probabilities, d_scores(keys.count), d_q_row(dim);
-  for (int query = 0; query < queries.count; ++query) {
-    for (int head = 0; head < shape.heads; ++head) {
-      const std::size_t q_offset = (static_cast<std::size_t>(query) * shape.heads + head) * dim;
-      std::fill(d_q_row.begin(), d_q_row.end(), 0.0);
-      if (reference_probabilities(shape, q, queries, k, keys, query, head, probabilities)) {
-        // dP_j = dO . v_j; delta = sum_j P_j dP_j; dS_j = P_j (dP_j - delta).
-        double delta = 0;
-        for (int key = 0; key < keys.count; ++key) {
-          d_scores[key] = 0;
-          if (probabilities[key] == 0.0) continue;
-          const float* v_row =
-              v + (static_cast<std::size_t>(key) * shape.kv_heads + head / group) * dim;
-          double dot = 0;
-          for (int d = 0; d < dim; ++d) dot += static_cast<double>(d_out[q_offset + d]) * v_row[d];
-          d_scores[key] = dot;
-          delta += probabilities[key] * dot;
-        }
-        for (int key = 0; key < keys.count; ++key) {
-          if (probabilities[key] == 0.0) continue;
-          const double d_score = probabilities[key] * (d_scores[key] - delta) * scale;
-          const std::size_t kv_offset =
-              (static_cast<std::size_t>(key) * shape.kv_heads + head / group) * dim;
-          for (int d = 0; d < dim; ++d) {
-            d_q_row[d] += d_score * k[kv_offset + d];
-            d_k_sum[kv_offset + d] += d_score * q[q_offset + d];
-            d_v_sum[kv_offset + d] += probabilities[key] * d_out[q_offset + d];
-          }
-        }
-      }
-      for (int d = 0; d < dim; ++d) d_q[q_offset + d] = static_cast<float>(d_q_row[d]);
-    }
-  }
-  for (std::size_t i = 0; i < d_k_sum.size(); ++i) {
-    d_k[i] = static_cast<float>(d_k_sum[i]);
-    d_v[i] = static_cast<float>(d_v_sum[i]);
   }
 }
 
