@@ -103,7 +103,7 @@ def plot_compare(data, path):
                 hatch="//" if name == baseline else None)
         if name == baseline:
             speedup = "baseline"
-        elif row["speedup"] > 0:
+        elif row["speedup"] is not None:
             speedup = f"{row['speedup']:.2f}x"
         else:
             speedup = "(baseline cannot run)"

@@ -117,6 +117,11 @@ def row_of(result, strategy):
     return next((r for r in result["results"] if r["strategy"] == strategy and not r["error"]), None)
 
 
+def speedup_text(row):
+    """The row's speedup, or n/a when the baseline could not run (speedup null)."""
+    return "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+
+
 def table(result):
     lines = ["| strategy | step (s) | lower bound (s) | gap | speedup | imbalance | exposed comm |",
              "|---|---|---|---|---|---|---|"]
@@ -125,7 +130,7 @@ def table(result):
             lines.append(f"| `{r['strategy']}` | cannot run: {r['error'].split(';')[0]} | | | | | |")
             continue
         lines.append(f"| `{r['strategy']}` | {r['step_time_s']:.3f} | {r['lower_bound_s']:.3f} | "
-                     f"{100 * r['gap_to_lower_bound']:.1f}% | {r['speedup']:.2f}x | "
+                     f"{100 * r['gap_to_lower_bound']:.1f}% | {speedup_text(r)} | "
                      f"{r['imbalance']:.2f} | {100 * r['exposed_comm_fraction']:.1f}% |")
     return "\n".join(lines)
 
@@ -137,12 +142,12 @@ def ours_vs_headline(name, result):
     if strategy:
         row = row_of(result, strategy)
         if row:
-            return (f"ballast: `{strategy}` {row['speedup']:.2f}x over `{baseline}` "
+            return (f"ballast: `{strategy}` {speedup_text(row)} over `{baseline}` "
                     f"({row['gap_to_lower_bound'] * 100:.0f}% above the lower bound)")
     best = best_row(result)
     if best is None:
         return "ballast: no strategy could run"
-    return (f"ballast: best `{best['strategy']}`, {best['speedup']:.2f}x over `{baseline}` "
+    return (f"ballast: best `{best['strategy']}`, {speedup_text(best)} over `{baseline}` "
             f"({best['gap_to_lower_bound'] * 100:.0f}% above the lower bound)")
 
 
@@ -300,21 +305,21 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
                  "zeppelin-scale": "Zeppelin: scaling 16-128 GPUs"}.get(family, "none")
         strategy = FAMILY_STRATEGY.get(family.removesuffix("-scale"))
         row = row_of(result, strategy) if strategy else None
-        ours = f"`{strategy}` {row['speedup']:.2f}x" if row else "-"
+        ours = f"`{strategy}` {speedup_text(row)}" if row else "-"
         if best:
             add(f"| [{label}](#{slug(label).lower()}) | `{best['strategy']}` | "
-                f"{best['step_time_s']:.3f} | {best['speedup']:.2f}x | {ours} | {paper} |")
+                f"{best['step_time_s']:.3f} | {speedup_text(best)} | {ours} | {paper} |")
         else:
             add(f"| [{label}](#{slug(label).lower()}) | none could run | | | {ours} | {paper} |")
     zeppelin = [row_of(results[l], "zeppelin") for l, _, _ in compares if family_of(l) == "zeppelin"]
-    zeppelin = [r["speedup"] for r in zeppelin if r]
+    zeppelin = [r["speedup"] for r in zeppelin if r and r["speedup"] is not None]
     if zeppelin:
         add("")
         add(f"Zeppelin over TE CP (`static-cp`) in the {len(zeppelin)} `zeppelin-*` scenarios: mean "
             f"{sum(zeppelin) / len(zeppelin):.2f}x, {min(zeppelin):.2f}-{max(zeppelin):.2f}x "
             "(published: 2.80x mean, up to 6.60x).")
     flexsp = [row_of(results[l], "flexsp") for l, _, _ in compares if family_of(l) == "flexsp"]
-    flexsp = [r["speedup"] for r in flexsp if r]
+    flexsp = [r["speedup"] for r in flexsp if r and r["speedup"] is not None]
     if flexsp:
         add(f"FlexSP's MILP over DeepSpeed-Ulysses in the {len(flexsp)} `flexsp-*` scenarios: "
             f"{min(flexsp):.2f}-{max(flexsp):.2f}x (published: up to 1.72x over DeepSpeed-Ulysses).")

@@ -45,7 +45,13 @@ def fmt_time(row):
 
 
 def fmt_speedup(row):
-    return "n/a" if row["error"] else f"{row['speedup']:.2f}x"
+    """n/a when the strategy or the baseline could not run (speedup null)."""
+    return "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+
+
+def fmt_figure(value, spec, scale=1, unit=""):
+    """A figure (times scale, then unit), or n/a where the strategy could not run (null)."""
+    return "n/a" if value is None else format(scale * value, spec) + unit
 
 
 listing = subprocess.run([ballast, "list", "scenarios"], check=True, capture_output=True,
@@ -69,12 +75,12 @@ speedups = []
 for name in main:
     rows = rows_by_strategy(results[name])
     z, te = rows["zeppelin"], rows["static-cp"]
-    if not z["error"]:
+    if z["speedup"] is not None:
         speedups.append(z["speedup"])
     print(f"| {name} | {fmt_time(te)} | {fmt_speedup(rows['static-cp-allgather'])} | "
           f"{fmt_speedup(rows['hybrid-dp'])} | {fmt_time(z)} | {fmt_speedup(z)} | "
-          f"{z['lower_bound_s']:.3f} | {te['imbalance']:.2f} -> {z['imbalance']:.2f} | "
-          f"{z['plan_time_ms']:.1f} |")
+          f"{fmt_figure(z['lower_bound_s'], '.3f')} | {fmt_figure(te['imbalance'], '.2f')} -> "
+          f"{fmt_figure(z['imbalance'], '.2f')} | {fmt_figure(z['plan_time_ms'], '.1f')} |")
 if speedups:
     mean = sum(speedups) / len(speedups)
     print(f"\nZeppelin over TE CP: mean {mean:.2f}x, min {min(speedups):.2f}x, "
@@ -85,7 +91,8 @@ print("| strategy | step (s) | speedup over TE CP | imbalance | exposed comm |")
 print("|---|---|---|---|---|")
 for row in ladder["results"]:
     print(f"| `{row['strategy']}` | {fmt_time(row)} | {fmt_speedup(row)} | "
-          f"{row['imbalance']:.2f} | {100 * row['exposed_comm_fraction']:.1f}% |")
+          f"{fmt_figure(row['imbalance'], '.2f')} | "
+          f"{fmt_figure(row['exposed_comm_fraction'], '.1f', 100, '%')} |")
 
 print("\n### Scaling on cluster A (LLaMA-7B, ProLong, 8 Ki tokens per GPU)\n")
 print("| GPUs | TE CP (s) | Hybrid DP (s) | Zeppelin (s) | speedup | plan (ms) |")
@@ -95,6 +102,6 @@ for name in scale:
     gpus = name.split("-")[-1].removesuffix("gpu")
     print(f"| {gpus} | {fmt_time(rows['static-cp'])} | {fmt_time(rows['hybrid-dp'])} | "
           f"{fmt_time(rows['zeppelin'])} | {fmt_speedup(rows['zeppelin'])} | "
-          f"{rows['zeppelin']['plan_time_ms']:.1f} |")
+          f"{fmt_figure(rows['zeppelin']['plan_time_ms'], '.1f')} |")
 total = sum(r["wall_s"] for r in results.values()) + ladder["wall_s"]
 print(f"\n({len(names) + 1} compares, {total:.0f} s of compare wall time.)")

@@ -50,14 +50,16 @@ struct RunInputs {
 /// Throws InputError on any bad setting.
 RunInputs resolve_inputs(const RunSettings& settings);
 
-/// One strategy's figures, averaged over the steps it could run.
+/// One strategy's figures, averaged over the steps. When `error` is set the strategy could
+/// not run a batch and has no figures: they stay 0 here and the writers print null / empty.
 struct StrategyResult {
   std::string strategy;
   std::string error;  ///< non-empty when the strategy could not run a batch
   double step_time_s = 0;
   double lower_bound_s = 0;
   double gap_to_lower_bound = 0;  ///< step / lower bound - 1
-  double speedup = 0;             ///< baseline step / this step (0 when unknown)
+  /// Baseline step / this step; empty when this strategy or the baseline could not run.
+  std::optional<double> speedup;
   double imbalance = 0;
   double exposed_comm_fraction = 0;
   Bytes peak_memory_bytes = 0;  ///< max over steps and ranks

@@ -1,6 +1,7 @@
 // The compare table in text, CSV and JSON (schema in docs/compare-schema.md).
 #include <algorithm>
 #include <ostream>
+#include <string>
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
@@ -55,15 +56,20 @@ void write_compare_text(const CompareResult& result, std::ostream& out) {
       fmt::print(out, "{:<{}} cannot run: {}\n", r.strategy, name_width, r.error);
       continue;
     }
-    fmt::print(out, "{:<{}} {:>10.3f} {:>10.3f} {:>7.1f}% {:>8.2f}x {:>9.2f} {:>7.1f}% {:>9.1f} {:>6.1f} {:>9.2f}\n",
-               r.strategy, name_width, r.step_time_s, r.lower_bound_s, 100.0 * r.gap_to_lower_bound, r.speedup,
+    // A speedup against a baseline that could not run is unknown: "-", not 0.00x.
+    const std::string speedup = r.speedup ? fmt::format("{:.2f}x", *r.speedup) : "-";
+    fmt::print(out, "{:<{}} {:>10.3f} {:>10.3f} {:>7.1f}% {:>9} {:>9.2f} {:>7.1f}% {:>9.1f} {:>6.1f} {:>9.2f}\n",
+               r.strategy, name_width, r.step_time_s, r.lower_bound_s, 100.0 * r.gap_to_lower_bound, speedup,
                r.imbalance, 100.0 * r.exposed_comm_fraction, r.peak_memory_bytes / kGiB,
                r.micro_batches, r.plan_time_ms);
   }
-  fmt::print(out, "\nspeedup: {} step time / strategy step time. gap: step / lower bound - 1. "
+  const bool baseline_failed = std::any_of(result.results.begin(), result.results.end(), [](const auto& r) {
+    return r.error.empty() && !r.speedup;
+  });
+  fmt::print(out, "\nspeedup: {} step time / strategy step time{}. gap: step / lower bound - 1. "
                   "imbalance: max/mean busy time. exp.comm: communication not hidden by compute, "
                   "share of rank-time. mbs: micro-batches. See docs/compare-schema.md.\n",
-             result.baseline);
+             result.baseline, baseline_failed ? " (\"-\": the baseline cannot run)" : "");
 }
 
 void write_compare_csv(const CompareResult& result, std::ostream& out) {
@@ -75,10 +81,15 @@ void write_compare_csv(const CompareResult& result, std::ostream& out) {
     for (char& c : error) {
       if (c == '"') c = '\'';
     }
-    fmt::print(out, "{},{:.9g},{:.9g},{:.6g},{:.6g},{:.6g},{:.6g},{},{:.4f},{:.4g},\"{}\"\n",
-               r.strategy, r.step_time_s, r.lower_bound_s, r.gap_to_lower_bound, r.speedup,
+    if (!error.empty()) {  // no figures: empty cells, not zeros
+      fmt::print(out, "{},,,,,,,,,,\"{}\"\n", r.strategy, error);
+      continue;
+    }
+    const std::string speedup = r.speedup ? fmt::format("{:.6g}", *r.speedup) : "";
+    fmt::print(out, "{},{:.9g},{:.9g},{:.6g},{},{:.6g},{:.6g},{},{:.4f},{:.4g},\"\"\n",
+               r.strategy, r.step_time_s, r.lower_bound_s, r.gap_to_lower_bound, speedup,
                r.imbalance, r.exposed_comm_fraction, r.peak_memory_bytes, r.plan_time_ms,
-               r.micro_batches, error);
+               r.micro_batches);
   }
 }
 
@@ -116,15 +127,20 @@ nlohmann::ordered_json compare_to_json(const CompareResult& result) {
     nlohmann::ordered_json row;
     row["strategy"] = r.strategy;
     row["error"] = r.error.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.error);
-    row["step_time_s"] = r.step_time_s;
-    row["lower_bound_s"] = r.lower_bound_s;
-    row["gap_to_lower_bound"] = r.gap_to_lower_bound;
-    row["speedup"] = r.speedup;
-    row["imbalance"] = r.imbalance;
-    row["exposed_comm_fraction"] = r.exposed_comm_fraction;
-    row["peak_memory_bytes"] = r.peak_memory_bytes;
-    row["plan_time_ms"] = r.plan_time_ms;
-    row["micro_batches"] = r.micro_batches;
+    // A strategy that could not run has no figures: every one is null, not 0.
+    const bool ran = r.error.empty();
+    const auto figure = [ran](auto value) {
+      return ran ? nlohmann::ordered_json(value) : nlohmann::ordered_json(nullptr);
+    };
+    row["step_time_s"] = figure(r.step_time_s);
+    row["lower_bound_s"] = figure(r.lower_bound_s);
+    row["gap_to_lower_bound"] = figure(r.gap_to_lower_bound);
+    row["speedup"] = r.speedup ? nlohmann::ordered_json(*r.speedup) : nlohmann::ordered_json(nullptr);
+    row["imbalance"] = figure(r.imbalance);
+    row["exposed_comm_fraction"] = figure(r.exposed_comm_fraction);
+    row["peak_memory_bytes"] = figure(r.peak_memory_bytes);
+    row["plan_time_ms"] = figure(r.plan_time_ms);
+    row["micro_batches"] = figure(r.micro_batches);
     results.push_back(row);
   }
   json["results"] = results;

@@ -65,17 +65,35 @@ check "compare flexsp scenario speedup against the first" has "$work/flexsp.txt"
 code=$(run "$work/strategies.txt" "$work/err" "$ballast" list strategies)
 check "list strategies shows parameters" has "$work/strategies.txt" ":max-nodes="
 
-# A strategy that fails on a later step reports the error and no partial figures.
-printf '[1000, 2000000]' > "$work/two.json"
-code=$(run "$work/partial.json" "$work/err" "$ballast" compare --lengths "$work/two.json" --sampling sequential --batch-size 1 --steps 2 --max-context 4000000 --strategies packed-dp,hybrid-dp --nodes 1 --format json)
+# A strategy that fails on a later step reports the error and no partial figures: null in
+# JSON, empty cells in CSV; speedups against it (the baseline here) are null / empty too.
+printf '[1000, 50000]' > "$work/two.json"
+partial_args=(compare --lengths "$work/two.json" --sampling sequential --batch-size 1 --steps 2 --max-context 4000000 --strategies packed-dp,hybrid-dp --baseline packed-dp --nodes 1)
+code=$(run "$work/partial.json" "$work/err" "$ballast" "${partial_args[@]}" --format json)
 check "compare with a failing step exits 0" test "$code" = 0
-check "failed strategy has no partial figures" /usr/bin/python3 - "$work/partial.json" <<'PY'
+check "failed strategy has null figures" /usr/bin/python3 - "$work/partial.json" <<'PY'
 import json, sys
 rows = {r["strategy"]: r for r in json.load(open(sys.argv[1]))["results"]}
-failed = rows["packed-dp"]
-assert failed["error"] and "2,000,000 tokens" in failed["error"], failed
-assert failed["step_time_s"] == 0 and failed["micro_batches"] == 0 and failed["imbalance"] == 0, failed
+failed, ran = rows["packed-dp"], rows["hybrid-dp"]
+assert failed["error"] and "50,000 tokens" in failed["error"], failed
+figures = [k for k in failed if k not in ("strategy", "error")]
+assert len(figures) == 9 and all(failed[k] is None for k in figures), failed
+assert ran["error"] is None and ran["speedup"] is None, ran
+assert all(ran[k] is not None for k in figures if k != "speedup"), ran
 PY
+code=$(run "$work/partial.csv" "$work/err" "$ballast" "${partial_args[@]}" --format csv)
+check "compare csv with a failing strategy exits 0" test "$code" = 0
+check "failed strategy has empty csv cells" /usr/bin/python3 - "$work/partial.csv" <<'PY'
+import csv, sys
+rows = {r["strategy"]: r for r in csv.DictReader(open(sys.argv[1]))}
+failed, ran = rows["packed-dp"], rows["hybrid-dp"]
+assert "50,000 tokens" in failed["error"], failed
+assert all(failed[k] == "" for k in failed if k not in ("strategy", "error")), failed
+assert ran["error"] == "" and ran["speedup"] == "" and float(ran["step_time_s"]) > 0, ran
+PY
+code=$(run "$work/partial.txt" "$work/err" "$ballast" "${partial_args[@]}")
+check "compare text says cannot run" has "$work/partial.txt" "cannot run: packed-dp cannot run sequence"
+check "compare text explains the missing speedups" has "$work/partial.txt" "the baseline cannot run"
 
 # --- plan, validate, simulate ---
 code=$(run "$work/plan.json" "$work/err" "$ballast" plan --strategy hybrid-dp --nodes 1 --tokens-per-step 200000)
