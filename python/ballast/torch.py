@@ -32,6 +32,9 @@ its group, which is exactly the math of the plan's ring / all-gather / Ulysses s
 (the same result with different communication) and runs on the gloo backend. A production
 run keeps the sampler, collate, process groups and remap, and replaces ``attention`` with
 ring / Ulysses kernels (FlashAttention varlen with ``cu_seqlens``) following the same plan.
+gloo could carry those too: torch 1.13's gloo runs ``all_to_all_single`` with uneven splits
+and ``batch_isend_irecv`` (not the list form ``all_to_all`` nor ``reduce_scatter``), as
+python/tests/test_gloo_collectives.py checks with 2 processes.
 docs/python.md has the full guide; examples/train_balanced.py a complete training loop.
 """
 
