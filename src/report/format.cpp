@@ -63,9 +63,9 @@ void write_compare_text(const CompareResult& result, std::ostream& out) {
                r.imbalance, 100.0 * r.exposed_comm_fraction, r.peak_memory_bytes / kGiB,
                r.micro_batches, r.plan_time_ms);
   }
-  const bool baseline_failed = std::any_of(result.results.begin(), result.results.end(), [](const auto& r) {
-    return r.error.empty() && !r.speedup;
-  });
+  const bool baseline_failed =
+      std::any_of(result.results.begin(), result.results.end(),
+                  [](const auto& r) { return r.error.empty() && !r.speedup; });
   fmt::print(out, "\nspeedup: {} step time / strategy step time{}. gap: step / lower bound - 1. "
                   "imbalance: max/mean busy time. exp.comm: communication not hidden by compute, "
                   "share of rank-time. mbs: micro-batches. See docs/compare-schema.md.\n",
@@ -135,7 +135,8 @@ nlohmann::ordered_json compare_to_json(const CompareResult& result) {
     row["step_time_s"] = figure(r.step_time_s);
     row["lower_bound_s"] = figure(r.lower_bound_s);
     row["gap_to_lower_bound"] = figure(r.gap_to_lower_bound);
-    row["speedup"] = r.speedup ? nlohmann::ordered_json(*r.speedup) : nlohmann::ordered_json(nullptr);
+    row["speedup"] =
+        r.speedup ? nlohmann::ordered_json(*r.speedup) : nlohmann::ordered_json(nullptr);
     row["imbalance"] = figure(r.imbalance);
     row["exposed_comm_fraction"] = figure(r.exposed_comm_fraction);
     row["peak_memory_bytes"] = figure(r.peak_memory_bytes);
