@@ -111,10 +111,19 @@ std::vector<Plan> read_plan_file(const std::string& path);
 /// queues[r] for every rank: the explicit queues, or the default index order.
 std::vector<std::vector<int>> effective_queues(const MicroBatch& micro_batch, int ranks);
 
+/// One layer's transient attention buffer on each member of a group of `group_ranks`
+/// ranks, in bytes: local 0; ring 2 * kv_bytes_per_token * largest_member_tokens (the KV
+/// block in use plus the one in flight, sized for the largest member's block);
+/// all_gather kv_bytes_per_token * group_tokens (the whole group's KV); ulysses
+/// qkv_bytes_per_token * ceil(group_tokens / group_ranks) (the group's QKV for this
+/// member's heads after the all-to-all). Saturates at the largest Bytes value. The one
+/// rule behind peak_memory_bytes_per_rank() and the planners' per-scheme capacities.
+Bytes attention_buffer_bytes(const Model& model, Scheme scheme, int group_ranks,
+                             Tokens largest_member_tokens, Tokens group_tokens);
+
 /// Peak memory of each rank over the micro-batches: model states + activation bytes per
-/// token * max(attention tokens, linear tokens) + the scheme's transient buffers for one
-/// layer (ring: two KV blocks in flight; all-gather: the whole group's KV; ulysses: the
-/// group's QKV after the all-to-all).
+/// token * max(attention tokens, linear tokens) + the largest attention_buffer_bytes() of
+/// its groups in that micro-batch (a non-local group of any size pays its scheme's buffer).
 std::vector<Bytes> peak_memory_bytes_per_rank(const Plan& plan, const CostModel& cost);
 
 struct ValidationResult {
