@@ -126,6 +126,13 @@ Bytes attention_buffer_bytes(const Model& model, Scheme scheme, int group_ranks,
 /// its groups in that micro-batch (a non-local group of any size pays its scheme's buffer).
 std::vector<Bytes> peak_memory_bytes_per_rank(const Plan& plan, const CostModel& cost);
 
+/// The trace category of a group's tasks, shared by predicted (simulator) and measured
+/// (runtime) timelines: "local" for a group of one rank whatever its scheme, else the
+/// scheme and whether its ranks span nodes: "ring intra-node", "ring inter-node",
+/// "all-gather intra-node", "all-gather inter-node", "ulysses intra-node", "ulysses
+/// inter-node" (Zeppelin's tiers for rings). `group` must have at least one rank.
+const char* group_category(const AttentionGroup& group, const Cluster& cluster);
+
 struct ValidationResult {
   bool ok = true;
   std::string message;  ///< the first violated invariant, in plain words

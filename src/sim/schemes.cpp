@@ -263,23 +263,6 @@ int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
 
 const char* pass_name(Pass pass) { return pass == Pass::forward ? "fwd" : "bwd"; }
 
-const char* group_category(const AttentionGroup& group, const Cluster& cluster) {
-  const int first_node = cluster.node_of(group.ranks.front());
-  const bool inter_node = std::any_of(group.ranks.begin(), group.ranks.end(),
-                                      [&](int rank) { return cluster.node_of(rank) != first_node; });
-  switch (group.ranks.size() == 1 ? Scheme::local : group.scheme) {
-    case Scheme::local:
-      return "local";
-    case Scheme::ring:
-      return inter_node ? "ring inter-node" : "ring intra-node";
-    case Scheme::all_gather:
-      return inter_node ? "all-gather inter-node" : "all-gather intra-node";
-    case Scheme::ulysses:
-      return inter_node ? "ulysses inter-node" : "ulysses intra-node";
-  }
-  return "";
-}
-
 void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   BALLAST_CHECK(!group.ranks.empty(), "a validated plan has no empty group");
   ctx.graph.set_category(group_category(group, ctx.cost.cluster()));

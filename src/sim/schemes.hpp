@@ -24,11 +24,6 @@ struct BuildContext {
 
 const char* pass_name(Pass pass);  ///< "fwd" or "bwd"
 
-/// The trace category of a group's tasks: "local" (a group of one rank, whatever its
-/// scheme), else the scheme and whether its ranks span nodes, e.g. "ring inter-node",
-/// "ulysses intra-node", "all-gather inter-node" (Zeppelin's tiers for rings).
-const char* group_category(const AttentionGroup& group, const Cluster& cluster);
-
 /// Adds one group's attention for `pass`, each member starting at its cursor, and moves
 /// the members' cursors to where the group ends on them.
 void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass);
