@@ -55,8 +55,9 @@ struct AttentionGroup {
   Scheme scheme = Scheme::local;
   std::vector<int> ranks;  ///< ring order for Scheme::ring
   std::vector<SequenceChunks> sequences;
-  /// Inter-node transfers of this group are split over this many proxy GPUs per node
-  /// (Zeppelin's routing layer); 1 = each transfer goes through the sender's own NIC.
+  /// Inter-node ring transfers of this group are split over this many proxy GPUs per node
+  /// (Zeppelin's routing layer, plan_layout.hpp's routing_parts()); 1 = each transfer goes
+  /// through the sender's own NIC. Every proxy must be a member of the group.
   int routing_proxies = 1;
   /// Each routed part of an inter-node transfer is pipelined in this many chunks so
   /// dispatch, NIC transfer and combine overlap; 1 = one piece per part.
@@ -143,9 +144,10 @@ struct ValidationResult {
 /// micro-batches, micro-batches x GPUs, chunks + linear slices); rank indices in range and
 /// distinct per group; every group non-empty with a known scheme (local: one rank; ulysses: size
 /// divides kv_heads); routing_proxies in [1, gpus_per_node] and routing_chunks in
-/// [1, kMaxRoutingChunks]; every sequence appears in exactly one group of one micro-batch
-/// and its chunks cover [0, padded length) exactly once, with padded length >= length and
-/// < length + 2 * group size; every chunk on one of its group's ranks; queues (if given)
+/// [1, kMaxRoutingChunks], and every proxy GPU of a routed ring hop a member of the ring
+/// (plan_layout.hpp's routing rule); every sequence appears in exactly one group of one
+/// micro-batch and its chunks cover [0, padded length) exactly once, with padded length
+/// >= length and < length + 2 * group size; every chunk on one of its group's ranks; queues (if given)
 /// list exactly each rank's groups and admit a deadlock-free order (no cycle between ranks'
 /// orders); the linear layout (if given) covers every sequence's [0, length) exactly once;
 /// per-rank peak memory fits the cost model's memory limit.
