@@ -18,6 +18,12 @@ namespace ballast {
 
 enum class Pass { forward, backward };
 
+/// Bytes of model states per parameter under ZeRO-3 with mixed-precision Adam: 2 (bf16
+/// weights) + 2 (bf16 grads) + 12 (fp32 master weights, Adam m and v) = 16, sharded over
+/// all ranks (Rajbhandari et al., "ZeRO", SC'20, section 3). The one constant behind
+/// CostModel::model_state_bytes_per_rank() and the runtime's memory budget.
+inline constexpr double kModelStateBytesPerParameter = 16.0;
+
 /// Causal attention of query positions [q_begin, q_end) against key positions
 /// [kv_begin, kv_end) of one document; a query attends to keys at positions <= its own.
 struct AttentionBlock {

@@ -55,8 +55,9 @@ struct AttentionGroup {
   Scheme scheme = Scheme::local;
   std::vector<int> ranks;  ///< ring order for Scheme::ring
   std::vector<SequenceChunks> sequences;
-  /// Inter-node transfers of this group are split over this many proxy GPUs per node
-  /// (Zeppelin's routing layer); 1 = each transfer goes through the sender's own NIC.
+  /// Inter-node ring transfers of this group are split over this many proxy GPUs per node
+  /// (Zeppelin's routing layer, plan_layout.hpp's routing_parts()); 1 = each transfer goes
+  /// through the sender's own NIC. Every proxy must be a member of the group.
   int routing_proxies = 1;
   /// Each routed part of an inter-node transfer is pipelined in this many chunks so
   /// dispatch, NIC transfer and combine overlap; 1 = one piece per part.
@@ -111,11 +112,27 @@ std::vector<Plan> read_plan_file(const std::string& path);
 /// queues[r] for every rank: the explicit queues, or the default index order.
 std::vector<std::vector<int>> effective_queues(const MicroBatch& micro_batch, int ranks);
 
+/// One layer's transient attention buffer on each member of a group of `group_ranks`
+/// ranks, in bytes: local 0; ring 2 * kv_bytes_per_token * largest_member_tokens (the KV
+/// block in use plus the one in flight, sized for the largest member's block);
+/// all_gather kv_bytes_per_token * group_tokens (the whole group's KV); ulysses
+/// qkv_bytes_per_token * ceil(group_tokens / group_ranks) (the group's QKV for this
+/// member's heads after the all-to-all). Saturates at the largest Bytes value. The one
+/// rule behind peak_memory_bytes_per_rank() and the planners' per-scheme capacities.
+Bytes attention_buffer_bytes(const Model& model, Scheme scheme, int group_ranks,
+                             Tokens largest_member_tokens, Tokens group_tokens);
+
 /// Peak memory of each rank over the micro-batches: model states + activation bytes per
-/// token * max(attention tokens, linear tokens) + the scheme's transient buffers for one
-/// layer (ring: two KV blocks in flight; all-gather: the whole group's KV; ulysses: the
-/// group's QKV after the all-to-all).
+/// token * max(attention tokens, linear tokens) + the largest attention_buffer_bytes() of
+/// its groups in that micro-batch (a non-local group of any size pays its scheme's buffer).
 std::vector<Bytes> peak_memory_bytes_per_rank(const Plan& plan, const CostModel& cost);
+
+/// The trace category of a group's tasks, shared by predicted (simulator) and measured
+/// (runtime) timelines: "local" for a group of one rank whatever its scheme, else the
+/// scheme and whether its ranks span nodes: "ring intra-node", "ring inter-node",
+/// "all-gather intra-node", "all-gather inter-node", "ulysses intra-node", "ulysses
+/// inter-node" (Zeppelin's tiers for rings). `group` must have at least one rank.
+const char* group_category(const AttentionGroup& group, const Cluster& cluster);
 
 struct ValidationResult {
   bool ok = true;
@@ -127,9 +144,10 @@ struct ValidationResult {
 /// micro-batches, micro-batches x GPUs, chunks + linear slices); rank indices in range and
 /// distinct per group; every group non-empty with a known scheme (local: one rank; ulysses: size
 /// divides kv_heads); routing_proxies in [1, gpus_per_node] and routing_chunks in
-/// [1, kMaxRoutingChunks]; every sequence appears in exactly one group of one micro-batch
-/// and its chunks cover [0, padded length) exactly once, with padded length >= length and
-/// < length + 2 * group size; every chunk on one of its group's ranks; queues (if given)
+/// [1, kMaxRoutingChunks], and every proxy GPU of a routed ring hop a member of the ring
+/// (plan_layout.hpp's routing rule); every sequence appears in exactly one group of one
+/// micro-batch and its chunks cover [0, padded length) exactly once, with padded length
+/// >= length and < length + 2 * group size; every chunk on one of its group's ranks; queues (if given)
 /// list exactly each rank's groups and admit a deadlock-free order (no cycle between ranks'
 /// orders); the linear layout (if given) covers every sequence's [0, length) exactly once;
 /// per-rank peak memory fits the cost model's memory limit.

@@ -2,6 +2,9 @@
 // attention and during the linear modules, and the pieces the remap moves between the
 // two. The one definition of packing order shared by the MPI runtime and the Python
 // module (docs/python.md), so a data loader packs exactly what the engine expects.
+// Also the one routing rule (Zeppelin's routing layer) that the simulator, the MPI
+// runtime and validate() share: how many parts a hop is split into, which GPU carries
+// each part, and which bytes each part holds.
 #pragma once
 
 #include <cstdint>
@@ -50,5 +53,31 @@ struct LayoutTransfer {
 /// The attention -> linear direction is the same list with the roles swapped. Without a
 /// remap every piece stays on its rank. O((ranges + transfers) log ranges).
 std::vector<LayoutTransfer> remap_transfers(const Plan& plan, int micro_batch);
+
+/// How many parts a transfer from src_rank to dst_rank is split into by Zeppelin's routing
+/// layer for a group with `routing_proxies`: 1 (direct, through the sender's own NIC) for
+/// the same rank, the same node, or when min(routing_proxies, nics_per_node) <= 1; else
+/// that minimum k, part t in [0, k) leaving through the NIC of routing_proxy(src_rank, t)
+/// and arriving through that of routing_proxy(dst_rank, t). Only ring hops are routed.
+int routing_parts(const Cluster& cluster, int routing_proxies, int src_rank, int dst_rank);
+
+/// The GPU of rank's node whose NIC carries part `part` of a routed transfer: local index
+/// (rank's local index + part * gpus_per_nic) mod gpus_per_node, so part 0 is the rank
+/// itself and parts 1 .. nics_per_node - 1 sit on the node's other NICs. `part` in
+/// [0, nics_per_node).
+int routing_proxy(const Cluster& cluster, int rank, int part);
+
+/// Elements [begin, end) of a routed transfer that one part carries.
+struct PartRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  std::int64_t size() const { return end - begin; }
+};
+
+/// The split of `total` elements (bytes in the simulator, floats in the runtime) into
+/// `parts`: share = ceil(total / parts), part t = [min(total, t * share),
+/// min(total, (t + 1) * share)); the last parts are shorter or empty when parts does not
+/// divide total. total >= 0, parts >= 1, part in [0, parts).
+PartRange routed_part_range(std::int64_t total, int parts, int part);
 
 }  // namespace ballast

@@ -136,10 +136,6 @@ Seconds CostModel::gradient_sync_time_s() const {
 }
 
 Bytes CostModel::model_state_bytes_per_rank() const {
-  // ZeRO-3 with mixed-precision Adam: 2 (bf16 weights) + 2 (bf16 grads) + 12 (fp32
-  // master weights, Adam m and v) = 16 bytes per parameter, sharded over all ranks
-  // (Rajbhandari et al., "ZeRO", SC'20, section 3).
-  constexpr double kModelStateBytesPerParameter = 16.0;
   return saturating_bytes(
       std::ceil(model_.parameters * kModelStateBytesPerParameter / cluster_.ranks()));
 }

@@ -15,8 +15,6 @@ constexpr double kSecondsPerMs = 1e-3;
 // weight gradients), so the forward pass takes 1/3 and the backward 2/3.
 constexpr double kForwardShare = 1.0 / 3.0;
 constexpr double kBackwardShare = 2.0 / 3.0;
-// FlexSP: ZeRO-3 mixed-precision Adam, model_states_MB = params * 16 * 1024 / N.
-constexpr double kModelStateBytesPerParameter = 16.0;
 
 double pass_share(Pass pass) { return pass == Pass::forward ? kForwardShare : kBackwardShare; }
 
@@ -75,6 +73,8 @@ Seconds ProfiledCostModel::gradient_sync_time_s() const {
 }
 
 Bytes ProfiledCostModel::model_state_bytes_per_rank() const {
+  // FlexSP's ZeRO-3 mixed-precision Adam, model_states_MB = params * 16 * 1024 / N: the
+  // same 16 bytes per parameter as the analytical model.
   return saturating_bytes(std::ceil(coefficients_.parameters_gi * kGiB *
                                     kModelStateBytesPerParameter / cluster_.ranks()));
 }

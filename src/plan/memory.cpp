@@ -1,5 +1,6 @@
 // Per-rank peak memory of a plan (docs/plan-format.md, "Memory"): model states +
-// activations of the rank's tokens + the largest one-layer attention buffer.
+// activations of the rank's tokens + the largest one-layer attention buffer, and that
+// buffer's per-scheme rule (attention_buffer_bytes).
 #include <algorithm>
 #include <utility>
 
@@ -33,26 +34,14 @@ std::vector<std::pair<int, Tokens>> tokens_per_member(const AttentionGroup& grou
 /// One layer's attention buffer on each member of the group.
 Bytes group_transient_bytes(const AttentionGroup& group, const Model& model) {
   if (group.scheme == Scheme::local || group.ranks.empty()) return 0;
-  const auto held = tokens_per_member(group);
   Tokens group_tokens = 0;
   Tokens largest_member_tokens = 0;
-  for (const auto& [rank, tokens] : held) {
+  for (const auto& [rank, tokens] : tokens_per_member(group)) {
     group_tokens += tokens;
     largest_member_tokens = std::max(largest_member_tokens, tokens);
   }
-  switch (group.scheme) {
-    case Scheme::ring:  // the KV block in use plus the one in flight
-      return saturating_multiply(2 * model.kv_bytes_per_token(), largest_member_tokens);
-    case Scheme::all_gather:  // the whole group's KV
-      return saturating_multiply(model.kv_bytes_per_token(), group_tokens);
-    case Scheme::ulysses: {  // the full sequence's QKV for this rank's heads
-      const auto size = static_cast<Tokens>(group.ranks.size());
-      return saturating_multiply(model.qkv_bytes_per_token(), ceil_div(group_tokens, size));
-    }
-    case Scheme::local:
-      break;
-  }
-  return 0;
+  return attention_buffer_bytes(model, group.scheme, static_cast<int>(group.ranks.size()),
+                                largest_member_tokens, group_tokens);
 }
 
 struct MicroBatchUsage {
@@ -115,6 +104,21 @@ std::vector<RankPeak> rank_peaks(const Plan& plan, const CostModel& cost) {
 }
 
 }  // namespace plan_detail
+
+Bytes attention_buffer_bytes(const Model& model, Scheme scheme, int group_ranks,
+                             Tokens largest_member_tokens, Tokens group_tokens) {
+  switch (scheme) {
+    case Scheme::local:
+      return 0;
+    case Scheme::ring:  // the KV block in use plus the one in flight
+      return saturating_multiply(2 * model.kv_bytes_per_token(), largest_member_tokens);
+    case Scheme::all_gather:  // the whole group's KV
+      return saturating_multiply(model.kv_bytes_per_token(), group_tokens);
+    case Scheme::ulysses:  // the full sequence's QKV for this rank's heads
+      return saturating_multiply(model.qkv_bytes_per_token(), ceil_div(group_tokens, group_ranks));
+  }
+  return 0;
+}
 
 std::vector<Bytes> peak_memory_bytes_per_rank(const Plan& plan, const CostModel& cost) {
   const auto peaks = plan_detail::rank_peaks(plan, cost);

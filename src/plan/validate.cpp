@@ -10,6 +10,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/plan_layout.hpp"
 #include "ballast/text.hpp"
 #include "plan_internal.hpp"
 
@@ -243,6 +244,33 @@ Violation check_group_shapes(const Plan& plan) {
   });
 }
 
+/// A routed ring hop relays its parts through proxy GPUs inside the same ring step, so
+/// every proxy must be a member of the group (the runtime executes nothing else).
+Violation check_routing_proxies(const Cluster& cluster, const AttentionGroup& group,
+                                const std::string& label) {
+  const int size = static_cast<int>(group.ranks.size());
+  if (group.scheme != Scheme::ring || size == 1 || group.routing_proxies == 1) return std::nullopt;
+  std::vector<int> members = group.ranks;
+  std::sort(members.begin(), members.end());
+  for (int hop = 0; hop < size; ++hop) {
+    const int src = group.ranks[hop];
+    const int dst = group.ranks[(hop + 1) % size];
+    const int parts = routing_parts(cluster, group.routing_proxies, src, dst);
+    for (int part = 1; part < parts; ++part) {
+      const int proxies[] = {routing_proxy(cluster, src, part), routing_proxy(cluster, dst, part)};
+      for (const int proxy : proxies) {
+        if (std::binary_search(members.begin(), members.end(), proxy)) continue;
+        return fmt::format(
+            "{}: the hop from rank {} to rank {} is routed in {} parts and part {} goes through "
+            "rank {}, which is not a member of the group; set routing_proxies to 1, or use a ring "
+            "over whole nodes",
+            label, src, dst, parts, part, proxy);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 Violation check_routing(const Plan& plan) {
   const int gpus_per_node = plan.cluster.gpus_per_node;
   return for_each_group(
@@ -259,7 +287,7 @@ Violation check_routing(const Plan& plan) {
               "per-chunk latency dominates)",
               group_label(m, g, group), group.routing_chunks, kMaxRoutingChunks, kMaxRoutingChunks);
         }
-        return std::nullopt;
+        return check_routing_proxies(plan.cluster, group, group_label(m, g, group));
       });
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "ballast/error.hpp"
+#include "ballast/plan_layout.hpp"
 
 namespace ballast::sim {
 
@@ -217,36 +218,38 @@ int add_direct_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
                                 ctx.ports.transfer_ports(src_rank, dst_rank), {dep}, name);
 }
 
-/// Zeppelin routing: part t of k carries ceil(B/k) bytes. Part 0 leaves through the
-/// sender's own NIC; part t >= 1 is dispatched to proxy_src(t) over NVLink, crosses on
-/// that proxy's NIC to proxy_dst(t) and is combined into dst over NVLink, in pieces of
-/// ceil(share/chunks) bytes so that one piece's NIC transfer overlaps the next one's
-/// dispatch and the previous one's combine.
+/// Zeppelin routing: part t of k carries routed_part_range(B, k, t). Part 0 leaves through
+/// the sender's own NIC; part t >= 1 is dispatched to routing_proxy(src, t) over NVLink,
+/// crosses on that proxy's NIC to routing_proxy(dst, t) and is combined into dst over
+/// NVLink, in pieces of ceil(part / chunks) bytes so that one piece's NIC transfer overlaps
+/// the next one's dispatch and the previous one's combine. Empty parts send nothing.
 int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer,
-                        int dep, int proxies, int chunks,
+                        int dep, int parts, int chunks,
                         const std::function<std::string()>& name) {
   BALLAST_CHECK(chunks >= 1, "a validated plan has routing_chunks >= 1");
   const Cluster& cluster = ctx.cost.cluster();
-  const int gpus = cluster.gpus_per_node;
-  // t < proxies <= nics_per_node, so proxies 1..k-1 sit on k-1 other NICs of the node.
-  const auto proxy = [&](int rank, int t) {
-    return cluster.node_of(rank) * gpus + (rank % gpus + t * cluster.gpus_per_nic()) % gpus;
-  };
-  const Bytes share = (bytes_per_layer + proxies - 1) / proxies;
-  const Bytes piece_bytes = (share + chunks - 1) / chunks;
   std::vector<int> arrivals;
-  arrivals.push_back(
-      add_direct_transfer(ctx, src_rank, dst_rank, share, dep, [&] { return name() + " (nic)"; }));
+  arrivals.push_back(add_direct_transfer(ctx, src_rank, dst_rank,
+                                         routed_part_range(bytes_per_layer, parts, 0).size(), dep,
+                                         [&] { return name() + " (nic)"; }));
   // Pieces are created round-robin over the parts (piece 0 of every part first): all
   // dispatches are ready together and share the sender's NVLink port, which serves equal
   // ready times in creation order, so every proxy NIC gets its first piece early. A
   // part's pieces hold the same ports and run in order, so its last piece arrives last.
-  std::vector<int> last_piece(static_cast<std::size_t>(proxies), -1);
-  for (Bytes begin = 0; begin < share; begin += piece_bytes) {
-    const Bytes bytes = std::min(piece_bytes, share - begin);
-    for (int t = 1; t < proxies; ++t) {
-      const int from = proxy(src_rank, t);
-      const int to = proxy(dst_rank, t);
+  std::vector<Bytes> part_bytes(static_cast<std::size_t>(parts));
+  std::vector<Bytes> piece_bytes(static_cast<std::size_t>(parts));
+  for (int t = 1; t < parts; ++t) {
+    part_bytes[t] = routed_part_range(bytes_per_layer, parts, t).size();
+    piece_bytes[t] = ceil_div(part_bytes[t], chunks);
+  }
+  std::vector<int> last_piece(static_cast<std::size_t>(parts), -1);
+  for (int piece = 0; piece < chunks; ++piece) {
+    for (int t = 1; t < parts; ++t) {
+      const Bytes begin = piece * piece_bytes[t];
+      if (begin >= part_bytes[t]) continue;
+      const Bytes bytes = std::min(piece_bytes[t], part_bytes[t] - begin);
+      const int from = routing_proxy(cluster, src_rank, t);
+      const int to = routing_proxy(cluster, dst_rank, t);
       const int dispatched = add_direct_transfer(ctx, src_rank, from, bytes, dep,
                                                  [&] { return name() + " (dispatch)"; });
       const int crossed =
@@ -255,30 +258,15 @@ int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
                                           [&] { return name() + " (combine)"; });
     }
   }
-  arrivals.insert(arrivals.end(), last_piece.begin() + 1, last_piece.end());
+  for (int t = 1; t < parts; ++t) {
+    if (last_piece[t] >= 0) arrivals.push_back(last_piece[t]);
+  }
   return ctx.graph.add_join(arrivals);
 }
 
 }  // namespace
 
 const char* pass_name(Pass pass) { return pass == Pass::forward ? "fwd" : "bwd"; }
-
-const char* group_category(const AttentionGroup& group, const Cluster& cluster) {
-  const int first_node = cluster.node_of(group.ranks.front());
-  const bool inter_node = std::any_of(group.ranks.begin(), group.ranks.end(),
-                                      [&](int rank) { return cluster.node_of(rank) != first_node; });
-  switch (group.ranks.size() == 1 ? Scheme::local : group.scheme) {
-    case Scheme::local:
-      return "local";
-    case Scheme::ring:
-      return inter_node ? "ring inter-node" : "ring intra-node";
-    case Scheme::all_gather:
-      return inter_node ? "all-gather inter-node" : "all-gather intra-node";
-    case Scheme::ulysses:
-      return inter_node ? "ulysses inter-node" : "ulysses intra-node";
-  }
-  return "";
-}
 
 void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   BALLAST_CHECK(!group.ranks.empty(), "a validated plan has no empty group");
@@ -299,12 +287,9 @@ void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pa
 int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
             int routing_proxies, int routing_chunks, const std::function<std::string()>& name) {
   if (src_rank == dst_rank || bytes_per_layer <= 0) return dep;
-  const Cluster& cluster = ctx.cost.cluster();
-  const int proxies = std::min(routing_proxies, cluster.nics_per_node);
-  if (proxies <= 1 || cluster.same_node(src_rank, dst_rank)) {
-    return add_direct_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, name);
-  }
-  return add_routed_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, proxies, routing_chunks,
+  const int parts = routing_parts(ctx.cost.cluster(), routing_proxies, src_rank, dst_rank);
+  if (parts == 1) return add_direct_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, name);
+  return add_routed_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, parts, routing_chunks,
                              name);
 }
 

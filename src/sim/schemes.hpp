@@ -24,20 +24,15 @@ struct BuildContext {
 
 const char* pass_name(Pass pass);  ///< "fwd" or "bwd"
 
-/// The trace category of a group's tasks: "local" (a group of one rank, whatever its
-/// scheme), else the scheme and whether its ranks span nodes, e.g. "ring inter-node",
-/// "ulysses intra-node", "all-gather inter-node" (Zeppelin's tiers for rings).
-const char* group_category(const AttentionGroup& group, const Cluster& cluster);
-
 /// Adds one group's attention for `pass`, each member starting at its cursor, and moves
 /// the members' cursors to where the group ends on them.
 void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass);
 
-/// A transfer of bytes_per_layer from src to dst that can start once `dep` ended;
-/// inter-node transfers are split over routing_proxies proxy GPUs per node (Zeppelin's
-/// routing; clamped to nics_per_node) when that is > 1, each routed part pipelined in
-/// routing_chunks pieces. Returns the task at whose end the data has arrived (`dep`
-/// itself for a same-rank or empty transfer, which is free).
+/// A transfer of bytes_per_layer from src to dst that can start once `dep` ended; split
+/// into routing_parts() parts over proxy GPUs (Zeppelin's routing, plan_layout.hpp) when
+/// that is > 1, each routed part pipelined in routing_chunks pieces. Returns the task at
+/// whose end the data has arrived (`dep` itself for a same-rank or empty transfer, which
+/// is free).
 int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
             int routing_proxies, int routing_chunks, const std::function<std::string()>& name);
 

@@ -18,23 +18,12 @@ Tokens usable_tokens_per_rank(const CostModel& cost, Scheme scheme, int degree) 
   const Tokens local_tokens = cost.token_capacity_per_rank();
   const Bytes free_bytes = cost.memory_limit_bytes() - cost.model_state_bytes_per_rank();
   const Bytes activation_bytes = cost.activation_bytes_per_token();
-  const Model& model = cost.model();
-  // The one-layer transient buffers of plan.hpp's peak_memory_bytes_per_rank, per token
-  // a member holds when every member holds the same count.
-  Bytes transient_bytes_per_token = 0;
-  switch (scheme_at_degree(scheme, degree)) {
-    case Scheme::local:
-      return local_tokens;
-    case Scheme::ring:
-      transient_bytes_per_token = 2 * model.kv_bytes_per_token();
-      break;
-    case Scheme::all_gather:
-      transient_bytes_per_token = degree * model.kv_bytes_per_token();
-      break;
-    case Scheme::ulysses:
-      transient_bytes_per_token = model.qkv_bytes_per_token();
-      break;
-  }
+  const Scheme effective = scheme_at_degree(scheme, degree);
+  if (effective == Scheme::local) return local_tokens;
+  // plan.hpp's one-layer attention buffer per token a member holds when every member of
+  // the group holds the same count (one token each).
+  const Bytes transient_bytes_per_token =
+      attention_buffer_bytes(cost.model(), effective, degree, 1, degree);
   return free_bytes / (activation_bytes + transient_bytes_per_token);
 }
 

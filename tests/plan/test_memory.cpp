@@ -24,6 +24,16 @@ TEST(Memory, FixtureConstants) {
   EXPECT_EQ(cost.model_state_bytes_per_rank(), kModelStates);
 }
 
+TEST(Memory, AttentionBufferPerSchemeByHand) {
+  const Model model = testing::small_model();  // 2,048 KV and 4,096 QKV bytes per token
+  EXPECT_EQ(attention_buffer_bytes(model, Scheme::local, 1, 10, 10), 0);
+  EXPECT_EQ(attention_buffer_bytes(model, Scheme::ring, 4, 10, 30), 2 * 2048 * 10);
+  EXPECT_EQ(attention_buffer_bytes(model, Scheme::all_gather, 4, 10, 30), 2048 * 30);
+  EXPECT_EQ(attention_buffer_bytes(model, Scheme::ulysses, 4, 10, 30), 4096 * 8);  // ceil(30/4)
+  EXPECT_EQ(attention_buffer_bytes(model, Scheme::ring, 2, std::numeric_limits<Tokens>::max(), 1),
+            std::numeric_limits<Bytes>::max());
+}
+
 TEST(Memory, BasePlanByHand) {
   const auto cost = fake_cost();
   const Bytes kv = cost.model().kv_bytes_per_token();

@@ -300,7 +300,10 @@ TEST_F(SimulatorGolden, PipelinedRoutedTransferOverlapsDispatchNicAndCombine) {
   FakeCostModel cost(cluster, fake_model());
   cost.p2p_from_links = true;
   Plan plan = testing::empty_plan(cost, {40});
-  AttentionGroup ring = testing::make_group(Scheme::ring, {0, 4}, {{0, {{0, 0, 20}, {4, 20, 40}}}});
+  // The ring spans both nodes whole (routing relays only through members); only 0 and 4
+  // hold tokens, so at step 0 only 0 -> 4 and 4 -> 5 (NVLink ports of its own) carry bytes.
+  AttentionGroup ring = testing::make_group(Scheme::ring, {0, 4, 5, 6, 7, 1, 2, 3},
+                                            {{0, {{0, 0, 20}, {4, 20, 40}}}});
   ring.routing_proxies = 3;
   ring.routing_chunks = 3;
   plan.micro_batches.push_back({{ring}, {}, {}});
@@ -318,9 +321,8 @@ TEST_F(SimulatorGolden, PipelinedRoutedTransferOverlapsDispatchNicAndCombine) {
   // Combines share rank 4's NVLink rx, in order of ready time:
   //   p1q0 [1.97, 2.61] p2q0 [2.61, 3.25] p1q1 [3.25, 3.89] p2q1 [3.89, 4.53]
   //   p1q2 ready 4.49 waits: [4.53, 5.15]  p2q2 ready 5.13 waits: [5.15, 5.77]
-  // The block has arrived at 5.77 (unpipelined: 8.55; direct: 9.85). The 4 -> 0 transfer
-  // runs the mirror image on disjoint ports.
-  const std::string send = "ring kv fwd g2 step 0";
+  // The block has arrived at 5.77 (unpipelined: 8.55; direct: 9.85).
+  const std::string send = "ring kv fwd g8 step 0";
   expect_intervals(intervals_ms(report, 0, send + " (nic)", "send"), {{0.05, 3.45}});
   expect_intervals(
       intervals_ms(report, 0, send + " (dispatch)", "send"),
@@ -333,7 +335,7 @@ TEST_F(SimulatorGolden, PipelinedRoutedTransferOverlapsDispatchNicAndCombine) {
       intervals_ms(report, 4, send + " (combine)", "recv"),
       {{1.97, 2.61}, {2.61, 3.25}, {3.25, 3.89}, {3.89, 4.53}, {4.53, 5.15}, {5.15, 5.77}});
   // Rank 4's step 0 (210 pairs) ends at 0.26; step 1 waits for the block.
-  EXPECT_NEAR(start_of(report, 4, "attention fwd ring g2 step 1"), ms(5.77), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 4, "attention fwd ring g8 step 1"), ms(5.77), kTolerance_s);
 
   // The same transfer alone: 5.72 pipelined. Unpipelined (k = 3, c = 1): dispatches of
   // 160 bytes 1.7 [0, 1.7] [1.7, 3.4]; NICs 3.4 [1.7, 5.1] [3.4, 6.8]; combines 1.7

@@ -108,7 +108,10 @@ TEST(LowerBound, MemoryForcedMicroBatchesAndHoldsOnAPlanThatMeetsThem) {
 TEST(Simulator, RoutedTransferGoesThroughProxies) {
   FakeCostModel cost(fake_cluster(2, 4, 2), fake_model());  // 2 GPUs per NIC
   Plan plan = testing::empty_plan(cost, {40});
-  AttentionGroup ring = testing::make_group(Scheme::ring, {0, 4}, {{0, {{0, 0, 20}, {4, 20, 40}}}});
+  // Over both nodes whole (routing relays only through members); only 0 and 4 hold tokens,
+  // so step 0's only inter-node bytes go 0 -> 4 (4 -> 5 runs on other NVLink ports).
+  AttentionGroup ring = testing::make_group(Scheme::ring, {0, 4, 5, 6, 7, 1, 2, 3},
+                                            {{0, {{0, 0, 20}, {4, 20, 40}}}});
   ring.routing_proxies = 2;
   plan.micro_batches.push_back({{ring}, {}, {}});
   const SimulationReport report = simulate(plan, cost, {.record_trace = true});
@@ -117,7 +120,7 @@ TEST(Simulator, RoutedTransferGoesThroughProxies) {
   // [4.05, 6.05]: rank 4's step 1 starts at 6.05 (every hop costs 2 in the fake model).
   double step1_start_s = -1;
   for (const TraceEvent& event : report.trace) {
-    if (event.rank == 4 && event.name == "attention fwd ring g2 step 1")
+    if (event.rank == 4 && event.name == "attention fwd ring g8 step 1")
       step1_start_s = event.start_s;
   }
   EXPECT_NEAR(step1_start_s, ms(6.05), kTolerance_s);

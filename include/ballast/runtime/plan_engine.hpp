@@ -98,12 +98,11 @@ class PlanAttentionEngine final : public AttentionEngine {
   /// Runs a blocking MPI wait, adding its wall and CPU time and an interval to stats_.
   void timed_wait(const char* name, const std::function<void()>& wait);
   /// One ring shift of `group`: member m sends sizes[m] floats to member m + 1 (this rank
-  /// sends `send`, receives its predecessor's into `recv`). An inter-node hop of a group
-  /// with routing_proxies k > 1 is split into k parts: part 0 straight to the successor,
-  /// part t through proxy GPUs on t-th other NICs of both nodes (as the simulator routes),
-  /// when every proxy is a member of the group (they relay inside the same step); else the
-  /// hop goes direct. `compute` runs while the data flies; returns when this rank's
-  /// receives, sends and relays are done.
+  /// sends `send`, receives its predecessor's into `recv`). A hop is split into
+  /// routing_parts() parts (plan_layout.hpp, the rule the simulator uses): part 0 straight
+  /// to the successor, part t through routing_proxy() GPUs of both nodes, which validate()
+  /// guarantees are members of the group and relay inside the same step. `compute` runs
+  /// while the data flies; returns when this rank's receives, sends and relays are done.
   void ring_shift(const AttentionGroup& group, int group_index, const std::vector<std::size_t>& sizes,
                   const float* send, float* recv, int phase, const std::function<void()>& compute);
 
