@@ -1,7 +1,8 @@
 // zeppelin: hierarchical partitioning with the attention engine's queues, routing and
 // remapping (zeppelin.hpp; docs/zeppelin.md). Candidate plans that differ in what the
-// placement balances and whether linear modules are remapped are compared by simulation,
-// so a technique is kept only where the simulator says it pays.
+// placement balances and whether linear modules are remapped are compared by the
+// PlanEvaluator the caller hands the planner (the simulator), so a technique is kept only
+// where the simulator says it pays.
 #include "zeppelin.hpp"
 
 #include <fmt/format.h>
@@ -14,7 +15,6 @@
 #include <set>
 
 #include "ballast/error.hpp"
-#include "ballast/simulator.hpp"
 #include "ballast/text.hpp"
 #include "builders.hpp"
 #include "zeppelin_remap.hpp"
@@ -398,7 +398,8 @@ Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> deg
 
 /// Engine order: inter-node rings, intra-node rings, local; explicit queues; routing on
 /// inter-node rings where it pays.
-void finish_micro_batches(Plan& plan, const CostModel& cost, Switches::Mode routing) {
+void finish_micro_batches(Plan& plan, const CostModel& cost, const PlanEvaluator& evaluator,
+                          Switches::Mode routing) {
   const Cluster& cluster = cost.cluster();
   const Bytes kv_bytes = cost.model().kv_bytes_per_token();
   for (MicroBatch& micro_batch : plan.micro_batches) {
@@ -425,7 +426,7 @@ void finish_micro_batches(Plan& plan, const CostModel& cost, Switches::Mode rout
       }
       const int src = group.ranks[hop];
       const int dst = group.ranks[(hop + 1) % group.ranks.size()];
-      Routing chosen = choose_routing(cost, kv_bytes * most, src, dst);
+      Routing chosen = choose_routing(cost, evaluator, kv_bytes * most, src, dst);
       if (routing == Switches::Mode::on && chosen.proxies == 1 && cluster.nics_per_node > 1) {
         chosen = {cluster.nics_per_node, 4};
       }
@@ -464,7 +465,8 @@ const char* to_string(Tier tier) {
   return "?";
 }
 
-Routing choose_routing(const CostModel& cost, Bytes bytes_per_layer, int src_rank, int dst_rank) {
+Routing choose_routing(const CostModel& cost, const PlanEvaluator& evaluator, Bytes bytes_per_layer,
+                       int src_rank, int dst_rank) {
   const Cluster& cluster = cost.cluster();
   Routing best;
   Seconds best_s = std::numeric_limits<Seconds>::infinity();
@@ -473,8 +475,8 @@ Routing choose_routing(const CostModel& cost, Bytes bytes_per_layer, int src_ran
     for (int chunks : kRoutingChunkChoices) {
       if (proxies == 1 && chunks > 1) break;  // a direct transfer is never cut
       const Seconds time_s =
-          isolated_transfer_time_s(cost, bytes_per_layer, src_rank, dst_rank, proxies, chunks) +
-          isolated_transfer_time_s(cost, 2 * bytes_per_layer, src_rank, dst_rank, proxies, chunks);
+          evaluator.transfer_time_s(bytes_per_layer, src_rank, dst_rank, proxies, chunks) +
+          evaluator.transfer_time_s(2 * bytes_per_layer, src_rank, dst_rank, proxies, chunks);
       if (time_s < best_s) {
         best_s = time_s;
         best = {proxies, chunks};
@@ -484,7 +486,7 @@ Routing choose_routing(const CostModel& cost, Bytes bytes_per_layer, int src_ran
   return best;
 }
 
-Crossovers find_crossovers(const CostModel& cost) {
+Crossovers find_crossovers(const CostModel& cost, const PlanEvaluator& evaluator) {
   const Cluster& cluster = cost.cluster();
   const Bytes kv = cost.model().kv_bytes_per_token();
   Crossovers out;
@@ -497,8 +499,8 @@ Crossovers find_crossovers(const CostModel& cost) {
     out.inter_node_tokens_per_rank =
         crossover_tokens(cost, [&](Tokens c) { return cost.p2p_time_s(kv * c, src, dst); });
     out.inter_node_routed_tokens_per_rank = crossover_tokens(cost, [&](Tokens c) {
-      const Routing routing = choose_routing(cost, kv * c, src, dst);
-      return isolated_transfer_time_s(cost, kv * c, src, dst, routing.proxies, routing.chunks);
+      const Routing routing = choose_routing(cost, evaluator, kv * c, src, dst);
+      return evaluator.transfer_time_s(kv * c, src, dst, routing.proxies, routing.chunks);
     });
   }
   Tokens low = 1, high = kMaxSequenceTokens;
@@ -515,14 +517,16 @@ Crossovers find_crossovers(const CostModel& cost) {
   return out;
 }
 
-TierContext make_tier_context(const CostModel& cost, const Switches& switches) {
+TierContext make_tier_context(const CostModel& cost, const PlanEvaluator& evaluator,
+                              const Switches& switches) {
   TierContext context;
-  context.crossovers = find_crossovers(cost);
+  context.crossovers = find_crossovers(cost, evaluator);
   context.capacity_tokens_per_rank = usable_tokens_per_rank(cost, Scheme::ring, 2);
   context.gpus_per_node = cost.cluster().gpus_per_node;
   context.nodes = cost.cluster().nodes;
   context.routing = switches.routing != Switches::Mode::off;
   context.cost = &cost;
+  context.evaluator = &evaluator;
   return context;
 }
 
@@ -546,9 +550,10 @@ Seconds member_time_s(const TierContext& context, Tokens length, TierChoice choi
     if (choice.tier == Tier::intra_node) return cost.p2p_time_s(b, 0, 1);
     const auto [memo, missing] = context.inter_node_hop_s.try_emplace(b, 0.0);
     if (missing) {
-      const Routing routing = context.routing ? choose_routing(cost, b, gpus - 1, gpus) : Routing{};
-      memo->second =
-          isolated_transfer_time_s(cost, b, gpus - 1, gpus, routing.proxies, routing.chunks);
+      const PlanEvaluator& evaluator = *context.evaluator;
+      const Routing routing =
+          context.routing ? choose_routing(cost, evaluator, b, gpus - 1, gpus) : Routing{};
+      memo->second = evaluator.transfer_time_s(b, gpus - 1, gpus, routing.proxies, routing.chunks);
     }
     return memo->second;
   };
@@ -630,13 +635,14 @@ TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds t
       with_thousands(capacity * gpus * context.nodes)));
 }
 
-Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const Switches& switches,
-                   std::optional<int> even_degree, const std::string& label) {
+Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluator& evaluator,
+                   const Switches& switches, std::optional<int> even_degree,
+                   const std::string& label) {
   if (batch.lengths_tokens.empty()) return make_plan_skeleton(batch, cost, label);  // throws
   std::vector<Plan> candidates;
   const bool remap_only = switches.remap == Switches::Mode::on;
   if (switches.hierarchical) {
-    TierContext context = make_tier_context(cost, switches);
+    TierContext context = make_tier_context(cost, evaluator, switches);
     for (bool spread : {false, true}) {
       context.spread_stragglers = spread;
       candidates.push_back(hierarchical_plan(batch, cost, context, true, label));
@@ -647,7 +653,7 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const Switches& sw
   } else {
     candidates.push_back(even_plan(batch, cost, even_degree, label));
   }
-  for (Plan& plan : candidates) finish_micro_batches(plan, cost, switches.routing);
+  for (Plan& plan : candidates) finish_micro_batches(plan, cost, evaluator, switches.routing);
   if (switches.routing == Switches::Mode::auto_) {
     // The routing choice prices each transfer alone; in a busy ring the proxies' NVLink
     // ports also carry their own ring hops. Each routed candidate therefore gets an
@@ -674,9 +680,9 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const Switches& sw
     for (std::size_t i = 0; i < plain; ++i) candidates.push_back(with_remap(candidates[i], cost));
     if (remap_only) candidates.erase(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(plain));
   }
-  // Keep the fastest valid candidate by simulation (ties: the earlier, simpler one). The
-  // unremapped and unrouted candidates come first, so a remap or a routing is kept only
-  // when it pays.
+  // Keep the fastest valid candidate by the evaluator (ties: the earlier, simpler one); each
+  // candidate is validated once, here. The unremapped and unrouted candidates come first,
+  // so a remap or a routing is kept only when it pays.
   const Plan* best = nullptr;
   Seconds best_s = 0;
   std::string first_problem;
@@ -686,7 +692,7 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const Switches& sw
       if (first_problem.empty()) first_problem = validation.message;
       continue;
     }
-    const Seconds step_s = simulate(plan, cost).step_time_s;
+    const Seconds step_s = evaluator.step_time_s(plan);
     if (best == nullptr || step_s < best_s) {
       best = &plan;
       best_s = step_s;
@@ -745,9 +751,18 @@ class ZeppelinPlanner final : public Planner {
                        "holding the longest sequence)"}};
   }
   void check_options(const PlannerOptions& options) const override { switches_of(options); }
-  Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& options) const override {
-    return plan_zeppelin(batch, cost, switches_of(options), options.degree, name());
+  /// Hierarchical: a ring over every GPU of the cluster, the ring budget per rank, no
+  /// padding. Even: the static rings resolve_degree allows (static-cp's limit).
+  Tokens longest_sequence_tokens(const CostModel& cost,
+                                 const PlannerOptions& options) const override {
+    if (!switches_of(options).hierarchical) {
+      return longest_sequence_tokens_at_degree(cost, options, Scheme::ring, name());
+    }
+    return usable_tokens_per_rank(cost, Scheme::ring, 2) * cost.cluster().ranks();
+  }
+  Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+            const PlanEvaluator& evaluator) const override {
+    return plan_zeppelin(batch, cost, evaluator, switches_of(options), options.degree, name());
   }
 };
 

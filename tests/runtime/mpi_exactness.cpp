@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       const StepOutput reference =
           forward_backward(config, parameters, pack_documents(documents), reference_engine);
       const StrategySpec spec = parse_strategy_spec(text);
-      const Plan plan = spec.planner->plan(batch, *cost, spec.options);
+      const Plan plan = spec.planner->plan(batch, *cost, spec.options, SimulatorEvaluator(*cost));
       require_valid(plan, *cost, text);
       std::vector<float> gradients(parameters.values.size(), 0.0f);
       double loss_sum = 0;

@@ -19,7 +19,6 @@
 namespace ballast::strategies {
 namespace {
 
-using testing::longest_runnable_tokens;
 using testing::make_cost;
 using testing::TestSetup;
 
@@ -79,14 +78,18 @@ std::uint64_t milp_seed_stride() {
 void check_strategy(const Planner& planner, const TestSetup& setup) {
   const std::unique_ptr<CostModel> cost = make_cost(setup);
   const int ranks = cost->cluster().ranks();
-  const Tokens strategy_max = longest_runnable_tokens(planner.name(), *cost);
+  const SimulatorEvaluator evaluator(*cost);
+  const Tokens strategy_max = planner.longest_sequence_tokens(*cost, {});
   const Tokens local_max = usable_tokens_per_rank(*cost, Scheme::local, 1);
-  const Tokens cluster_max = longest_runnable_tokens("hybrid-dp", *cost);
+  Tokens cluster_max = 0;  // the longest any strategy holds
+  for (const auto& any : planners()) {
+    cluster_max = std::max(cluster_max, any->longest_sequence_tokens(*cost, {}));
+  }
   int planned = 0;
   int tried = 0;
   // The faithful MILP costs CBC seconds per plan: every fifth seed (all six shapes still),
   // or every BALLAST_PROPERTY_MILP_STRIDE-th (scripts/test-sanitized: 10).
-  const std::uint64_t stride = planner.name() == "flexsp" ? milp_seed_stride() : 1;
+  const std::uint64_t stride = planner.solves_milp({}) ? milp_seed_stride() : 1;
   for (std::uint64_t seed = 0; seed < kBatchesPerSetup; seed += stride) {
     ++tried;
     const Batch batch =
@@ -96,13 +99,13 @@ void check_strategy(const Planner& planner, const TestSetup& setup) {
                                       << ", " << batch.lengths_tokens.size() << " sequences");
     const bool runnable = batch.max_length_tokens() <= strategy_max;
     if (!runnable) {
-      EXPECT_THROW(planner.plan(batch, *cost, {}), PlanningError);
+      EXPECT_THROW(planner.plan(batch, *cost, {}, evaluator), PlanningError);
       continue;
     }
-    const Plan plan = planner.plan(batch, *cost, {});
+    const Plan plan = planner.plan(batch, *cost, {}, evaluator);
     const ValidationResult validation = validate(plan, *cost);
     ASSERT_TRUE(validation.ok) << validation.message;
-    EXPECT_EQ(plan_to_string(plan), plan_to_string(planner.plan(batch, *cost, {})));
+    EXPECT_EQ(plan_to_string(plan), plan_to_string(planner.plan(batch, *cost, {}, evaluator)));
     const SimulationReport report = simulate(plan, *cost);
     EXPECT_GE(report.step_time_s, report.lower_bound.time_s * (1 - 1e-9));
     EXPECT_GT(report.step_time_s, 0.0);
@@ -161,7 +164,8 @@ TEST(EstimateAgainstSimulator, UlyssesPlansAgreeWithinATenthOfAPercent) {
       for (int degree : {1, 2, 4, 8}) {
         PlannerOptions options;
         options.degree = degree;
-        const Plan plan = find_planner("static-ulysses").plan(batch, *cost, options);
+        const Plan plan = find_planner("static-ulysses").plan(batch, *cost, options,
+                                                                SimulatorEvaluator(*cost));
         const double simulated_s = simulate(plan, *cost).step_time_s;
         EXPECT_NEAR(estimate_plan_time_s(plan, *cost) / simulated_s, 1.0, 1e-3)
             << setup.cluster << " degree " << degree << " trial " << trial;

@@ -35,7 +35,6 @@
 namespace ballast::strategies {
 namespace {
 
-using testing::longest_runnable_tokens;
 
 // ---- setups -------------------------------------------------------------------------
 
@@ -288,7 +287,7 @@ void check_batch(const Planner& planner, const CostModel& cost, const Batch& bat
   const bool runnable = batch.max_length_tokens() <= strategy_max;
   Plan plan;
   try {
-    plan = planner.plan(batch, cost, {});
+    plan = planner.plan(batch, cost, {}, SimulatorEvaluator(cost));
   } catch (const PlanningError& error) {
     ++tally.planning_errors;
     EXPECT_FALSE(runnable) << "PlanningError on a batch whose longest sequence ("
@@ -305,7 +304,7 @@ void check_batch(const Planner& planner, const CostModel& cost, const Batch& bat
   const SimulationReport report = simulate(plan, cost);
   EXPECT_GE(report.step_time_s, report.lower_bound.time_s * (1 - 1e-9))
       << "bound " << report.lower_bound.time_s << " (" << report.lower_bound.binding << ")";
-  const Plan again = planner.plan(batch, cost, {});
+  const Plan again = planner.plan(batch, cost, {}, SimulatorEvaluator(cost));
   ASSERT_EQ(plan_to_string(plan), plan_to_string(again)) << "a rerun planned differently";
   EXPECT_EQ(report.step_time_s, simulate(again, cost).step_time_s);
 }
@@ -320,7 +319,7 @@ class Volume : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Volume, ValidAboveTheBoundAndDeterministic) {
   const Planner& planner = find_planner(GetParam());
-  const bool milp = planner.name() == "flexsp";
+  const bool milp = planner.solves_milp({});
   const int per_setup =
       std::max(1, static_cast<int>(std::lround((milp ? kMilpBatchesPerSetup : kBatchesPerSetup) *
                                                volume_scale())));
@@ -332,7 +331,7 @@ TEST_P(Volume, ValidAboveTheBoundAndDeterministic) {
     if (milp && cost.cluster().ranks() > kMilpMaxGpus) continue;
     Capacities capacity;
     capacity.ranks = cost.cluster().ranks();
-    capacity.strategy_max = longest_runnable_tokens(planner.name(), cost);
+    capacity.strategy_max = planner.longest_sequence_tokens(cost, {});
     capacity.gpu = usable_tokens_per_rank(cost, Scheme::local, 1);
     capacity.ring_gpu = usable_tokens_per_rank(cost, Scheme::ring, 2);
     capacity.cluster = capacity.ring_gpu * capacity.ranks;
