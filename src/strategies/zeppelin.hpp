@@ -2,7 +2,9 @@
 // inter-node ring) with the attention engine's queue order, the routing layer (inter-node
 // ring transfers split over proxy GPUs and their NICs) and the remapping layer (a
 // token-balanced layout for the linear modules). Internal to src/strategies and its
-// tests; docs/zeppelin.md explains the choices.
+// tests; docs/zeppelin.md explains the choices. Code: zeppelin_tiers.cpp (crossovers,
+// routing, tier choice), zeppelin_placement.cpp (two-level placement, the even ablation),
+// zeppelin_remap.cpp (the linear layout), zeppelin.cpp (candidates and the planner).
 #pragma once
 
 #include <cstdint>
@@ -102,6 +104,21 @@ TierContext make_tier_context(const CostModel& cost, const PlanEvaluator& evalua
 /// Throws PlanningError naming the sequence when no ring of the cluster holds it.
 TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds target_load_s,
                        const TierContext& context);
+
+/// One document's attention, forward + backward, on one GPU (seconds, whole model).
+Seconds attention_s(const CostModel& cost, Tokens length);
+/// The linear modules over `tokens`, forward + backward, on one GPU (seconds, whole model).
+Seconds linear_s(const CostModel& cost, Tokens tokens);
+
+/// The hierarchical partition (zeppelin_placement.cpp): micro-batches pre-split by work,
+/// each sequence in the ring choose_tier gives it, placed to balance attention (+ linear
+/// when `balance_linear`, i.e. without a remap) over the GPUs. No queues or routing yet.
+Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierContext& context,
+                       bool balance_linear, const std::string& label);
+/// The even-split ablation (partition=even): TE CP's static rings of `degree` (default: the
+/// smallest holding the longest sequence) with token-balanced packs, zigzag unpadded.
+Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> degree,
+               const std::string& label);
 
 /// The zeppelin planner's plan (strategy label `label`): the fastest valid candidate by
 /// `evaluator`, which also prices routed transfers.
