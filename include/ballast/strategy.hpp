@@ -1,6 +1,11 @@
-// Strategy: a planner registered by name. plan(batch, cost, options) -> Plan, pure and
-// deterministic. A new strategy is one file in src/strategies/ plus one line in
-// src/strategies/registry.cpp.
+// Strategy: a planner registered by name. plan(batch, cost, options, evaluator) -> Plan,
+// pure and deterministic; the PlanEvaluator (the caller's, usually SimulatorEvaluator)
+// prices candidate plans, so planners never depend on the simulator. A new strategy is one
+// file in src/strategies/ defining a Planner subclass and its factory
+// `std::unique_ptr<Planner> strategies::make_<name>_planner()`, plus one line `X(<name>)`
+// in BALLAST_STRATEGIES in src/strategies/registry.cpp (its position is its place in every
+// listing). CMake globs that folder; the property, MPI exactness and Python tests loop
+// over the registry and check that every registered strategy ran.
 #pragma once
 
 #include <map>
