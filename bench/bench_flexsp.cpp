@@ -10,6 +10,7 @@
 
 #include "ballast/compare.hpp"
 #include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
 
 namespace {
 
@@ -42,9 +43,10 @@ void plan_flexsp(benchmark::State& state, const std::string& strategy) {
   const Fixture& shared = fixture(sequences, gpus);
   const StrategySpec spec = parse_strategy_spec(strategy);
   std::size_t micro_batches = 0;
+  const SimulatorEvaluator evaluator(*shared.cost);
   try {
     for (auto _ : state) {
-      Plan plan = spec.planner->plan(shared.batch, *shared.cost, spec.options);
+      Plan plan = spec.planner->plan(shared.batch, *shared.cost, spec.options, evaluator);
       micro_batches = plan.micro_batches.size();
       benchmark::DoNotOptimize(plan);
     }

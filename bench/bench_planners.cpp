@@ -7,6 +7,7 @@
 
 #include "ballast/compare.hpp"
 #include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
 
 namespace {
 
@@ -33,9 +34,10 @@ const Fixture& fixture() {
 void plan_strategy(benchmark::State& state, const std::string& strategy) {
   const Fixture& shared = fixture();
   const Planner& planner = find_planner(strategy);
+  const SimulatorEvaluator evaluator(*shared.cost);
   try {
     for (auto _ : state) {
-      Plan plan = planner.plan(shared.batch, *shared.cost, {});
+      Plan plan = planner.plan(shared.batch, *shared.cost, {}, evaluator);
       benchmark::DoNotOptimize(plan);
     }
   } catch (const PlanningError& error) {
@@ -49,7 +51,8 @@ void simulate_strategy(benchmark::State& state, const std::string& strategy) {
   const Fixture& shared = fixture();
   Plan plan;
   try {
-    plan = find_planner(strategy).plan(shared.batch, *shared.cost, {});
+    plan = find_planner(strategy).plan(shared.batch, *shared.cost, {},
+                                       SimulatorEvaluator(*shared.cost));
   } catch (const PlanningError& error) {
     state.SkipWithError(error.what());
     return;

@@ -106,7 +106,7 @@ std::string measure(const ScaleCase& scale_case, const std::string& strategy) {
                                        batch.lengths_tokens.size(), cost.cluster().ranks());
   try {
     const Stopwatch plan_watch;
-    const Plan plan = find_planner(strategy).plan(batch, cost, {});
+    const Plan plan = find_planner(strategy).plan(batch, cost, {}, SimulatorEvaluator(cost));
     const std::string plan_s = plan_watch.elapsed();
     const Stopwatch simulate_watch;
     const SimulationReport report = simulate(plan, cost);

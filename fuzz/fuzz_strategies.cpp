@@ -158,9 +158,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                    model.name.c_str(), profiled ? "profiled" : "analytical", shown.c_str());
     }
     const StrategySpec spec = parse_strategy_spec(spec_text);
-    const Plan plan = spec.planner->plan(batch, *cost, spec.options);  // PlanningError: clean
+    const SimulatorEvaluator evaluator(*cost);
+    const Plan plan = spec.planner->plan(batch, *cost, spec.options, evaluator);  // PlanningError: clean
     check_plan(plan, batch, *cost, spec_text);
-    const Plan again = spec.planner->plan(batch, *cost, spec.options);
+    const Plan again = spec.planner->plan(batch, *cost, spec.options, evaluator);
     FUZZ_REQUIRE(plan_to_string(again) == plan_to_string(plan),
                  spec_text + ": planning the same batch twice gave different plans");
   });

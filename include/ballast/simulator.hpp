@@ -10,6 +10,7 @@
 
 #include "ballast/cost_model.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/strategy.hpp"
 #include "ballast/units.hpp"
 
 namespace ballast {
@@ -89,6 +90,23 @@ SimulationReport simulate(const Plan& plan, const CostModel& cost,
 /// [1, kMaxRoutingChunks] (the ranges validate() accepts).
 Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
                                  int dst_rank, int routing_proxies, int routing_chunks);
+
+/// The PlanEvaluator of the simulator: what callers of Planner::plan hand the planner.
+/// Keeps a reference to `cost`, which must outlive it and be the cost model the planner
+/// plans on.
+class SimulatorEvaluator final : public PlanEvaluator {
+ public:
+  explicit SimulatorEvaluator(const CostModel& cost);
+  /// simulate(validated_plan, cost).step_time_s without validating the plan again (the
+  /// caller validated it; a planner validates each candidate once).
+  Seconds step_time_s(const Plan& validated_plan) const override;
+  /// isolated_transfer_time_s(cost, ...).
+  Seconds transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank, int routing_proxies,
+                          int routing_chunks) const override;
+
+ private:
+  const CostModel& cost_;
+};
 
 /// Chrome trace-event JSON (open in ui.perfetto.dev): one process per rank, one thread
 /// per lane, times in microseconds.

@@ -1,6 +1,11 @@
-// Strategy: a planner registered by name. plan(batch, cost, options) -> Plan, pure and
-// deterministic. A new strategy is one file in src/strategies/ plus one line in
-// src/strategies/registry.cpp.
+// Strategy: a planner registered by name. plan(batch, cost, options, evaluator) -> Plan,
+// pure and deterministic; the PlanEvaluator (the caller's, usually SimulatorEvaluator)
+// prices candidate plans, so planners never depend on the simulator. A new strategy is one
+// file in src/strategies/ defining a Planner subclass and its factory
+// `std::unique_ptr<Planner> strategies::make_<name>_planner()`, plus one line `X(<name>)`
+// in BALLAST_STRATEGIES in src/strategies/registry.cpp (its position is its place in every
+// listing). CMake globs that folder; the property, MPI exactness and Python tests loop
+// over the registry and check that every registered strategy ran.
 #pragma once
 
 #include <map>
@@ -24,6 +29,18 @@ struct PlannerOptions {
   std::map<std::string, std::string> parameters;
 };
 
+/// What a planner may ask about candidate plans; provided by whoever calls the planner (the CLI,
+/// compare, the Python module, tests), so planners never depend on the simulator.
+class PlanEvaluator {
+ public:
+  virtual ~PlanEvaluator() = default;
+  /// Predicted step time of a plan that validate() accepted.
+  virtual Seconds step_time_s(const Plan& validated_plan) const = 0;
+  /// Time of one transfer alone on an idle cluster (see isolated_transfer_time_s).
+  virtual Seconds transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
+                                  int routing_proxies, int routing_chunks) const = 0;
+};
+
 /// One parameter a planner takes in a strategy spec ("degree" sets PlannerOptions::degree).
 struct PlannerParameter {
   std::string key;
@@ -40,9 +57,21 @@ class Planner {
   /// Throws InputError naming a parameter whose value this planner cannot take (checked
   /// when a spec is parsed, before any batch is planned).
   virtual void check_options(const PlannerOptions& /*options*/) const {}
-  /// Throws PlanningError naming the sequence and why when the batch cannot run.
-  virtual Plan plan(const Batch& batch, const CostModel& cost,
-                    const PlannerOptions& options) const = 0;
+  /// The longest sequence (tokens) this planner can plan on this cost model with these
+  /// options: a batch with a longer one raises PlanningError, any other batch plans (within
+  /// the limits of limits.hpp). Throws InputError for options plan() would reject on this
+  /// cost model (e.g. a degree that does not divide the rank count).
+  virtual Tokens longest_sequence_tokens(const CostModel& cost,
+                                         const PlannerOptions& options) const = 0;
+  /// A hint to test harnesses and benchmarks, not a contract: true when planning with these
+  /// options solves a MILP (CBC, up to seconds per micro-batch), so that a harness runs it
+  /// on fewer and smaller batches.
+  virtual bool solves_milp(const PlannerOptions& /*options*/) const { return false; }
+  /// Throws PlanningError naming the sequence and why when the batch cannot run. `evaluator`
+  /// prices candidate plans and transfers for planners that compare alternatives
+  /// (SimulatorEvaluator in simulator.hpp is the usual one).
+  virtual Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+                    const PlanEvaluator& evaluator) const = 0;
 };
 
 /// All registered planners in registration order.

@@ -156,7 +156,7 @@ PyPlan make_plan(const py::array_t<std::int64_t, py::array::c_style | py::array:
   std::shared_ptr<const CostModel> cost = make_cost_model(spec, cluster, model);
   const StrategySpec parsed = parse_strategy_spec(strategy);
   const Batch batch = make_batch(std::move(values), step);
-  Plan plan = parsed.planner->plan(batch, *cost, parsed.options);
+  Plan plan = parsed.planner->plan(batch, *cost, parsed.options, SimulatorEvaluator(*cost));
   require_valid(plan, *cost, "made by " + strategy);
   return {std::move(plan), std::move(cost)};
 }

@@ -1,6 +1,7 @@
 """ballast.torch under torch.distributed: 4 gloo processes train the tiny transformer of
-examples/tiny_transformer.py on real text with the balanced sampler, under strategies
-without and with sequence splitting (all-gather, ring, Ulysses groups, zeppelin's remap).
+examples/tiny_transformer.py on real text with the balanced sampler, under every registered
+strategy (ballast.strategies()), some with parameters that force sequence splitting
+(all-gather, ring, Ulysses groups, zeppelin's remap).
 After every step the summed gradients must equal a single-process reference (the whole
 global batch packed on one process, causal attention per document, mean loss) within fp32
 rounding, and so must the parameters after the last step.
@@ -23,6 +24,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as torch_mp  # noqa: E402
 
+import ballast  # noqa: E402
 import ballast.torch as bt  # noqa: E402
 import tiny_transformer as tt  # noqa: E402  (examples/, put on sys.path by conftest.py)
 
@@ -36,7 +38,9 @@ LOSS_TOLERANCE = 1e-6
 TIMEOUT_S = 240
 
 # strategy -> (whether its plans must put some sequence on several ranks, activation
-# memory per rank in tokens: 512 forces several micro-batches on these batches)
+# memory per rank in tokens: 512 forces several micro-batches on these batches). Specs that
+# pin down a scheme; every registered strategy not named here is added below with its
+# default options.
 STRATEGIES = {
     "packed-dp": (False, 2048),                     # ballast's token-balanced packing, local attention
     "static-cp-allgather:degree=2": (True, 2048),   # every sequence split over a fixed pair (all_gather)
@@ -44,7 +48,11 @@ STRATEGIES = {
     "zeppelin:remap=on": (True, 512),               # rings of 4 and 2 ranks + linear-layout remap, 2 micro-batches
     "flexsp-fast": (True, 2048),                    # Ulysses groups of 2 + local
     "hybrid-dp": (True, 512),                       # 2 micro-batches, ranks without tokens in one of them
+    "static-ulysses:degree=2": (True, 2048),        # Ulysses pairs (the default degree 1 is local)
 }
+for _name in ballast.strategies():
+    if not any(spec.split(":")[0] == _name for spec in STRATEGIES):
+        STRATEGIES[_name] = (False, 2048)
 
 
 def _setup():
@@ -210,6 +218,11 @@ def test_schemes_and_remap_are_exercised(results: dict) -> None:
     # groups are created once and reused across plans and strategies
     assert results["process_groups"], results["process_groups"]
     assert all(len(r) > 1 for r in results["process_groups"])
+
+
+def test_every_registered_strategy_is_exercised(results: dict) -> None:
+    ran = {spec.split(":")[0] for spec in STRATEGIES if spec in results and len(results[spec]["steps"]) == STEPS}
+    assert ran == set(ballast.strategies())
 
 
 def test_training_makes_progress(results: dict) -> None:

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
 
 namespace ballast {
 
@@ -67,6 +68,7 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
   const StrategySpec spec = parse_strategy_spec(name, options);
   const Planner& planner = *spec.planner;
   const double steps = static_cast<double>(inputs.batches.size());
+  const SimulatorEvaluator evaluator(*inputs.cost);
   for (const Batch& batch : inputs.batches) {
     if (progress) {
       progress(name, static_cast<int>(batch.step), static_cast<int>(inputs.batches.size()));
@@ -74,7 +76,7 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
     Plan plan;
     const auto start = std::chrono::steady_clock::now();
     try {
-      plan = planner.plan(batch, *inputs.cost, spec.options);
+      plan = planner.plan(batch, *inputs.cost, spec.options, evaluator);
     } catch (const InputError& error) {
       // This strategy cannot run this batch (or these options, e.g. a --degree it
       // cannot use): report it and keep comparing the others. No partial figures.

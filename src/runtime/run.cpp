@@ -159,7 +159,7 @@ RunReport run_training(const RunOptions& options, MPI_Comm comm) {
         length = (length + options.length_scale - 1) / options.length_scale;
       }
       batch = make_batch(batch.lengths_tokens, step);
-      Plan plan = spec.planner->plan(batch, *cost, spec.options);
+      Plan plan = spec.planner->plan(batch, *cost, spec.options, SimulatorEvaluator(*cost));
       require_valid(plan, *cost, "made by " + options.strategy);
       check_plan_matches_job(plan, options, ranks, fmt::format("step {} planned by {}", step, options.strategy));
       plans.push_back(std::move(plan));

@@ -12,6 +12,7 @@
 #include "ballast/error.hpp"
 #include "program.hpp"
 #include "schemes.hpp"
+#include "simulate_validated.hpp"
 #include "timeline.hpp"
 
 namespace ballast {
@@ -140,6 +141,13 @@ void summarise(SimulationReport& report) {
 SimulationReport simulate(const Plan& plan, const CostModel& cost,
                           const SimulationOptions& options) {
   require_valid(plan, cost, "plan");
+  return sim::simulate_validated(plan, cost, options);
+}
+
+namespace sim {
+
+SimulationReport simulate_validated(const Plan& plan, const CostModel& cost,
+                                    const SimulationOptions& options) {
   const sim::LinkPorts ports(plan.cluster);
   sim::TaskGraph graph(options.record_trace);
   sim::build_step_program(plan, cost, ports, graph);
@@ -164,6 +172,8 @@ SimulationReport simulate(const Plan& plan, const CostModel& cost,
   if (options.record_trace) report.trace = trace_of(graph);
   return report;
 }
+
+}  // namespace sim
 
 Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
                                  int dst_rank, int routing_proxies, int routing_chunks) {

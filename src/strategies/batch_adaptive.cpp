@@ -17,8 +17,13 @@ class BatchAdaptivePlanner final : public Planner {
            "estimate)";
   }
   std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
-  Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& options) const override {
+  /// Every allowed Ulysses degree (or the one given) is a candidate.
+  Tokens longest_sequence_tokens(const CostModel& cost,
+                                 const PlannerOptions& options) const override {
+    return longest_sequence_tokens_at_degree(cost, options, Scheme::ulysses, kName);
+  }
+  Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+            const PlanEvaluator& /*evaluator: not needed*/) const override {
     make_plan_skeleton(batch, cost, kName);  // input checks before degree selection
     if (options.degree) {
       return plan_static_ulysses(

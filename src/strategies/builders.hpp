@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,17 +17,6 @@
 #include "ballast/workload.hpp"
 
 namespace ballast::strategies {
-
-// ---- factories, one per strategy (registry.cpp lists them) ----
-std::unique_ptr<Planner> make_packed_dp_planner();
-std::unique_ptr<Planner> make_static_cp_planner();
-std::unique_ptr<Planner> make_static_cp_allgather_planner();
-std::unique_ptr<Planner> make_static_ulysses_planner();
-std::unique_ptr<Planner> make_batch_adaptive_planner();
-std::unique_ptr<Planner> make_hybrid_dp_planner();
-std::unique_ptr<Planner> make_flexsp_planner();
-std::unique_ptr<Planner> make_flexsp_fast_planner();
-std::unique_ptr<Planner> make_zeppelin_planner();
 
 // ---- small helpers ----
 bool is_power_of_two(std::int64_t value);
@@ -144,8 +132,13 @@ int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
 PlannerParameter degree_parameter();
 int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
                    Scheme scheme, const std::string& strategy);
-/// The longest sequence any allowed degree can hold (for tests and messages).
+/// The longest sequence any allowed degree can hold.
 Tokens max_sequence_tokens(const CostModel& cost, Scheme scheme);
+/// Planner::longest_sequence_tokens of a strategy with fixed groups of this scheme: with
+/// options.degree, what one group of that degree holds (InputError naming --degree, as
+/// resolve_degree, when the degree is not valid); without, max_sequence_tokens().
+Tokens longest_sequence_tokens_at_degree(const CostModel& cost, const PlannerOptions& options,
+                                         Scheme scheme, const std::string& strategy);
 
 // ---- cost-only estimate ----
 /// Step time of a plan from the cost model alone: per micro-batch per rank, overhead +

@@ -126,6 +126,12 @@ Tokens max_sequence_tokens(const CostModel& cost, Scheme scheme) {
   return longest;
 }
 
+Tokens longest_sequence_tokens_at_degree(const CostModel& cost, const PlannerOptions& options,
+                                         Scheme scheme, const std::string& strategy) {
+  if (!options.degree) return max_sequence_tokens(cost, scheme);
+  check_override_valid(*options.degree, cost, scheme, strategy);
+  return max_sequence_tokens_at(cost, scheme, *options.degree);
+}
 int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
                    const std::string& strategy) {
   const std::int64_t id = longest_sequence_id(batch);

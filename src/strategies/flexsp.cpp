@@ -218,8 +218,17 @@ void read_milp_parameters(const PlannerOptions& options, SolverChoice& choice) {
 class FlexSpPlannerBase : public Planner {
  public:
   void check_options(const PlannerOptions& options) const override { choice_of(options); }
-  Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& options) const override {
+  /// Ulysses groups of any allowed degree (the degree is chosen per group).
+  Tokens longest_sequence_tokens(const CostModel& cost,
+                                 const PlannerOptions& /*options*/) const override {
+    return max_sequence_tokens(cost, Scheme::ulysses);
+  }
+  bool solves_milp(const PlannerOptions& options) const override {
+    const SolverChoice choice = choice_of(options);
+    return choice.kind == SolverChoice::Kind::milp || choice.refine_with_milp;
+  }
+  Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+            const PlanEvaluator& /*evaluator: not needed*/) const override {
     return plan_flexsp(batch, cost, choice_of(options), name());
   }
 

@@ -136,8 +136,19 @@ class HybridDpPlanner final : public Planner {
     return "ByteScale / Megatron dynamic CP: short sequences data-parallel, long ones on "
            "power-of-two rings, FLOP-balanced (s^2/d)";
   }
+  /// Rings of any power of two up to the rank count, the ring budget per rank, padded.
+  Tokens longest_sequence_tokens(const CostModel& cost,
+                                 const PlannerOptions& /*options*/) const override {
+    const Tokens per_rank = usable_tokens_per_rank(cost, Scheme::ring, 2);
+    Tokens longest = per_rank;
+    for (Tokens d = 2; d <= cost.cluster().ranks(); d *= 2) {
+      longest = std::max(longest, d * per_rank / (2 * d) * (2 * d));
+    }
+    return longest;
+  }
   Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& /*options: the degree is per sequence*/) const override {
+            const PlannerOptions& /*options: the degree is per sequence*/,
+            const PlanEvaluator& /*evaluator: not needed*/) const override {
     Plan plan = make_plan_skeleton(batch, cost, kName);
     const int ranks = cost.cluster().ranks();
     // The ring budget also bounds local sequences, so one rank may mix both in a micro-batch.

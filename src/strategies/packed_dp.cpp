@@ -32,8 +32,15 @@ class PackedDpPlanner final : public Planner {
            "data parallel, no sequence splitting";
   }
 
+  /// One GPU's local budget: packed-dp never splits a sequence.
+  Tokens longest_sequence_tokens(const CostModel& cost,
+                                 const PlannerOptions& /*options*/) const override {
+    return usable_tokens_per_rank(cost, Scheme::local, 1);
+  }
+
   Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& /*options: no degree, every group is one rank*/) const override {
+            const PlannerOptions& /*options: no degree, every group is one rank*/,
+            const PlanEvaluator& /*evaluator: not needed*/) const override {
     Plan plan = make_plan_skeleton(batch, cost, kName);
     const Tokens capacity_tokens = usable_tokens_per_rank(cost, Scheme::local, 1);
     std::vector<PackItem> items;

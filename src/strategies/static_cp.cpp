@@ -38,8 +38,12 @@ class StaticCpPlanner final : public Planner {
   std::string description() const override { return description_; }
 
   std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
-  Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& options) const override {
+  Tokens longest_sequence_tokens(const CostModel& cost,
+                                 const PlannerOptions& options) const override {
+    return longest_sequence_tokens_at_degree(cost, options, scheme_, name_);
+  }
+  Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+            const PlanEvaluator& /*evaluator: not needed*/) const override {
     Plan plan = make_plan_skeleton(batch, cost, name_);
     const int degree = resolve_degree(batch, cost, options, scheme_, name_);
     const auto sequences = static_cast<std::int64_t>(batch.lengths_tokens.size());

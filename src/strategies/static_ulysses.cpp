@@ -67,8 +67,12 @@ class StaticUlyssesPlanner final : public Planner {
            "all-to-all head scatter";
   }
   std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
-  Plan plan(const Batch& batch, const CostModel& cost,
-            const PlannerOptions& options) const override {
+  Tokens longest_sequence_tokens(const CostModel& cost,
+                                 const PlannerOptions& options) const override {
+    return longest_sequence_tokens_at_degree(cost, options, Scheme::ulysses, kName);
+  }
+  Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+            const PlanEvaluator& /*evaluator: not needed*/) const override {
     make_plan_skeleton(batch, cost, kName);  // input checks before degree selection
     const int degree = resolve_degree(batch, cost, options, Scheme::ulysses, kName);
     return plan_static_ulysses(batch, cost, degree, kName);

@@ -2,7 +2,9 @@
 // inter-node ring) with the attention engine's queue order, the routing layer (inter-node
 // ring transfers split over proxy GPUs and their NICs) and the remapping layer (a
 // token-balanced layout for the linear modules). Internal to src/strategies and its
-// tests; docs/zeppelin.md explains the choices.
+// tests; docs/zeppelin.md explains the choices. Code: zeppelin_tiers.cpp (crossovers,
+// routing, tier choice), zeppelin_placement.cpp (two-level placement, the even ablation),
+// zeppelin_remap.cpp (the linear layout), zeppelin.cpp (candidates and the planner).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 
 #include "ballast/cost_model.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/strategy.hpp"
 #include "ballast/workload.hpp"
 
 namespace ballast::strategies::zeppelin {
@@ -35,11 +38,12 @@ struct Routing {
   int chunks = 1;
 };
 
-/// The (proxies, chunks) that minimise the simulator's isolated time of the forward
+/// The (proxies, chunks) that minimise the evaluator's isolated time of the forward
 /// transfer of `bytes_per_layer` plus the backward one (twice the bytes) from src to dst:
 /// proxies in {1, 2, 4, ...} up to nics_per_node, chunks in {1, 2, 4, 8, 16}; ties go to
 /// fewer proxies, then fewer chunks, so routing is chosen only where it pays.
-Routing choose_routing(const CostModel& cost, Bytes bytes_per_layer, int src_rank, int dst_rank);
+Routing choose_routing(const CostModel& cost, const PlanEvaluator& evaluator, Bytes bytes_per_layer,
+                       int src_rank, int dst_rank);
 
 /// The cost model's crossover points for this cluster and model. A ring step of a member
 /// holding c tokens (two zigzag chunks of c/2) computes c^2/2 causal pairs against one
@@ -52,7 +56,8 @@ struct Crossovers {
   /// Shortest document whose attention (fwd) takes at least its linear modules' time.
   Tokens attention_over_linear_tokens = 0;
 };
-Crossovers find_crossovers(const CostModel& cost);
+/// Routed transfer times come from `evaluator`.
+Crossovers find_crossovers(const CostModel& cost, const PlanEvaluator& evaluator);
 
 /// Where a sequence runs: its tier and the ranks of its ring (1 for local; g GPUs of a
 /// node for intra-node; all GPUs of `degree / gpus_per_node` nodes for inter-node).
@@ -64,21 +69,23 @@ struct TierChoice {
 /// What tier selection needs about the cluster and cost model, computed once per plan.
 struct TierContext {
   const CostModel* cost = nullptr;
+  const PlanEvaluator* evaluator = nullptr;  ///< prices inter-node hops (routed transfers)
   Crossovers crossovers;
   Tokens capacity_tokens_per_rank = 0;  ///< ring members' usable tokens (the tighter cap)
   int gpus_per_node = 1;
   int nodes = 1;
   bool routing = true;
   /// Spread stragglers over rings that cannot hide their traffic (rule 2 below); the
-  /// planner simulates plans with and without it and keeps the faster.
+  /// planner evaluates plans with and without it and keeps the faster.
   bool spread_stragglers = false;
-  /// Memo of an inter-node ring hop's simulated time by bytes (the best routing's isolated
+  /// Memo of an inter-node ring hop's evaluated time by bytes (the best routing's isolated
   /// transfer): rule 2 prices every inter-node ring for every straggler, and their
   /// per-member byte counts repeat (a pure function of the bytes for this context).
   mutable std::map<Bytes, Seconds> inter_node_hop_s;
 };
-/// Keeps a pointer to `cost`, which must outlive the context.
-TierContext make_tier_context(const CostModel& cost, const Switches& switches);
+/// Keeps pointers to `cost` and `evaluator`, which must outlive the context.
+TierContext make_tier_context(const CostModel& cost, const PlanEvaluator& evaluator,
+                              const Switches& switches);
 
 /// Tier selection (docs/zeppelin.md, "Tiers"). Candidates in order: local; an intra-node
 /// ring of g = 2, 4, ... GPUs (g divides gpus_per_node), which hides its traffic when each
@@ -98,8 +105,25 @@ TierContext make_tier_context(const CostModel& cost, const Switches& switches);
 TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds target_load_s,
                        const TierContext& context);
 
-/// The zeppelin planner's plan (strategy label `label`).
-Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const Switches& switches,
-                   std::optional<int> even_degree, const std::string& label);
+/// One document's attention, forward + backward, on one GPU (seconds, whole model).
+Seconds attention_s(const CostModel& cost, Tokens length);
+/// The linear modules over `tokens`, forward + backward, on one GPU (seconds, whole model).
+Seconds linear_s(const CostModel& cost, Tokens tokens);
+
+/// The hierarchical partition (zeppelin_placement.cpp): micro-batches pre-split by work,
+/// each sequence in the ring choose_tier gives it, placed to balance attention (+ linear
+/// when `balance_linear`, i.e. without a remap) over the GPUs. No queues or routing yet.
+Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierContext& context,
+                       bool balance_linear, const std::string& label);
+/// The even-split ablation (partition=even): TE CP's static rings of `degree` (default: the
+/// smallest holding the longest sequence) with token-balanced packs, zigzag unpadded.
+Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> degree,
+               const std::string& label);
+
+/// The zeppelin planner's plan (strategy label `label`): the fastest valid candidate by
+/// `evaluator`, which also prices routed transfers.
+Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluator& evaluator,
+                   const Switches& switches, std::optional<int> even_degree,
+                   const std::string& label);
 
 }  // namespace ballast::strategies::zeppelin

@@ -107,7 +107,7 @@ TEST(BatchLimits, PlannersCheckBatchesMadeWithoutMakeBatch) {
   Batch batch;
   batch.lengths_tokens = {100, kMaxSequenceTokens + 1};
   for (const auto& planner : planners()) {
-    EXPECT_MESSAGE(error_of([&] { planner->plan(batch, *cost, {}); }),
+    EXPECT_MESSAGE(error_of([&] { planner->plan(batch, *cost, {}, SimulatorEvaluator(*cost)); }),
                    "over ballast's limit of 2^31");
   }
 }
@@ -122,7 +122,7 @@ TEST(BatchLimits, MaxLengthSequenceIsAPlanningErrorNotAnOverflow) {
   const Batch batch = make_batch({kMaxSequenceTokens, 1000});
   for (const auto& planner : planners()) {
     try {
-      planner->plan(batch, *cost, {});
+      planner->plan(batch, *cost, {}, SimulatorEvaluator(*cost));
       ADD_FAILURE() << planner->name() << " planned 2^31 tokens on 8 GPUs";
     } catch (const PlanningError& error) {
       EXPECT_MESSAGE(std::string(error.what()), "sequence 0") << planner->name();
@@ -153,7 +153,7 @@ TEST(BatchLimits, BatchesNeedingTooManyMicroBatchesAreRefusedBeforePlanning) {
   for (const auto& planner : planners()) {
     const auto start = std::chrono::steady_clock::now();
     try {
-      planner->plan(batch, *cost, {});
+      planner->plan(batch, *cost, {}, SimulatorEvaluator(*cost));
       ADD_FAILURE() << planner->name() << " planned 2^40 tokens on 8 GPUs";
     } catch (const PlanningError& error) {
       // packed-dp and the fixed degrees name the sequence that fits no GPU; the rest the limit.
@@ -290,7 +290,7 @@ TEST(PlanLimits, StrategiesRefuseRingsTooLargeToSimulate) {
   const auto cost = analytical("h100", 512);
   const Batch batch = make_batch({1000, 35'500'000});
   try {
-    find_planner("hybrid-dp").plan(batch, *cost, {});
+    find_planner("hybrid-dp").plan(batch, *cost, {}, SimulatorEvaluator(*cost));
     ADD_FAILURE() << "hybrid-dp planned a ring of 4,096 GPUs";
   } catch (const PlanningError& error) {
     EXPECT_MESSAGE(std::string(error.what()),
@@ -299,7 +299,8 @@ TEST(PlanLimits, StrategiesRefuseRingsTooLargeToSimulate) {
   PlannerOptions options;
   options.degree = 4096;
   try {
-    find_planner("static-cp").plan(make_batch({1000, 2000}), *cost, options);
+    find_planner("static-cp").plan(make_batch({1000, 2000}), *cost, options,
+                                    SimulatorEvaluator(*cost));
     ADD_FAILURE() << "static-cp planned a ring of 4,096 GPUs";
   } catch (const PlanningError& error) {
     EXPECT_MESSAGE(std::string(error.what()), "(1 rings of 4096 GPUs; a ring of g GPUs takes g^2)");
@@ -314,7 +315,7 @@ TEST(PlanLimits, StrategiesRefusePlansWithTooManyChunks) {
   options.degree = 64;
   const Batch batch = make_batch(std::vector<Tokens>((std::size_t{1} << 17) + 1, 1));
   try {
-    find_planner("static-cp").plan(batch, *cost, options);
+    find_planner("static-cp").plan(batch, *cost, options, SimulatorEvaluator(*cost));
     ADD_FAILURE() << "static-cp planned 2^24 + 128 chunks";
   } catch (const PlanningError& error) {
     EXPECT_MESSAGE(std::string(error.what()),
@@ -352,7 +353,7 @@ TEST(Scale, HundredThousandSequencesOn4096Gpus) {
   for (Tokens& length : lengths) length = 1 + static_cast<Tokens>(uniform_below(state, 16'000));
   const Batch batch = make_batch(lengths);
   const auto start = std::chrono::steady_clock::now();
-  const Plan plan = find_planner("packed-dp").plan(batch, *cost, {});
+  const Plan plan = find_planner("packed-dp").plan(batch, *cost, {}, SimulatorEvaluator(*cost));
   const SimulationReport report = simulate(plan, *cost);  // validates first
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,13 +1,16 @@
-// Exactness under MPI: for every strategy, the loss and every parameter gradient of one
-// step executed over the job's ranks equal the single-process reference of the same batch
-// (fp32, norm-wise relative error per tensor under 1e-5). Batches hold one-token
-// documents, odd lengths (no padding to 2g) and a document longer than one rank's memory
-// budget. Run by ctest under mpirun with 2, 4 and 8 ranks; exit 0 only when every
-// strategy matches on every rank's view.
+// Exactness under MPI: for every registered strategy (planner_names()) and a few parameter
+// variants, the loss and every parameter gradient of one step executed over the job's ranks
+// equal the single-process reference of the same batch (fp32, norm-wise relative error per
+// tensor under 1e-5). Batches hold one-token documents, odd lengths (no padding to 2g) and
+// a document longer than one rank's memory budget. Run by ctest under mpirun with 2, 4 and
+// 8 ranks; exit 0 only when every spec matches on every rank's view and every registered
+// strategy was checked (one that can hold neither batch fails, it is not skipped).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,7 +49,8 @@ int main(int argc, char** argv) {
                                       run_cluster(run_options, ranks), run_planning_model(run_options));
     const Tokens capacity = cost->token_capacity_per_rank();
     // One-token documents, odd lengths, and (batch 0 only) a document longer than one
-    // rank's memory budget; packed-dp never splits, so it runs batch 1 only.
+    // rank's memory budget: a strategy runs batch 0 when it can hold that document (see
+    // longest_sequence_tokens), else batch 1 (packed-dp never splits).
     std::uint64_t state = 11;
     std::vector<std::vector<Tokens>> batches_lengths(2);
     batches_lengths[0] = {1, 3, 17, 1, 64, 129, capacity + 7, 5, 1, 33, 77, 250};
@@ -54,16 +58,37 @@ int main(int argc, char** argv) {
     for (auto& lengths : batches_lengths) {
       while (lengths.size() < 24) lengths.push_back(1 + static_cast<Tokens>(uniform_below(state, 120)));
     }
-    std::vector<std::pair<std::string, int>> specs = {
-        {"packed-dp", 1},       {"static-cp", 0},
-        {"static-cp-allgather", 0},
-        {"static-ulysses", 0},  {"batch-adaptive", 1},
-        {"hybrid-dp", 0},       {"flexsp-fast", 0},
-        {"zeppelin", 0},        {"zeppelin:remap=on:partition=even", 0},
-        {"zeppelin:remap=on", 0}};
-    // Rings over two emulated nodes (2 GPUs each) with every inter-node hop routed.
+    const auto longest_of = [](const std::vector<Tokens>& lengths) {
+      return *std::max_element(lengths.begin(), lengths.end());
+    };
+    // Every registered strategy with its default options, on the first batch it can hold
+    // (-1: neither, a failure below).
+    std::vector<std::pair<std::string, int>> specs;
+    for (const std::string& name : planner_names()) {
+      const Tokens longest = find_planner(name).longest_sequence_tokens(*cost, {});
+      int which = -1;
+      for (std::size_t b = 0; b < batches_lengths.size() && which < 0; ++b) {
+        if (longest_of(batches_lengths[b]) <= longest) which = static_cast<int>(b);
+      }
+      specs.push_back({name, which});
+    }
+    // Variants: batch-adaptive on the short batch too, zeppelin's ablations, and rings over
+    // two emulated nodes (2 GPUs each) with every inter-node hop routed.
+    specs.push_back({"batch-adaptive", 1});
+    specs.push_back({"zeppelin:remap=on:partition=even", 0});
+    specs.push_back({"zeppelin:remap=on", 0});
     if (ranks >= 4) specs.push_back({"zeppelin:partition=even:degree=4:routing=on", 0});
+    std::set<std::string> checked;  // registered strategies that ran (and passed or failed)
     for (const auto& [text, which] : specs) {
+      if (which < 0) {
+        failures += 1;
+        if (rank == 0) {
+          std::printf("%-34s cannot hold either test batch (longest %lld tokens)  FAILED\n",
+                      text.c_str(), static_cast<long long>(
+                                        find_planner(text).longest_sequence_tokens(*cost, {})));
+        }
+        continue;
+      }
       const std::vector<Tokens>& lengths = batches_lengths[static_cast<std::size_t>(which)];
       const Batch batch = make_batch(lengths, which);
       std::vector<std::vector<std::int32_t>> documents;
@@ -79,7 +104,8 @@ int main(int argc, char** argv) {
       const StepOutput reference =
           forward_backward(config, parameters, pack_documents(documents), reference_engine);
       const StrategySpec spec = parse_strategy_spec(text);
-      const Plan plan = spec.planner->plan(batch, *cost, spec.options);
+      checked.insert(spec.planner->name());
+      const Plan plan = spec.planner->plan(batch, *cost, spec.options, SimulatorEvaluator(*cost));
       require_valid(plan, *cost, text);
       std::vector<float> gradients(parameters.values.size(), 0.0f);
       double loss_sum = 0;
@@ -119,6 +145,13 @@ int main(int argc, char** argv) {
         std::printf("%-34s %-28s %zu micro-batches, loss %.6f, max relative error %.2e (%s)%s\n",
                     text.c_str(), schemes.c_str(), plan.micro_batches.size(), loss_sum / targets,
                     difference.max_relative_error, difference.worst.c_str(), ok ? "" : "  FAILED");
+      }
+    }
+    // The check that every registered strategy is exercised under MPI.
+    for (const std::string& name : planner_names()) {
+      if (checked.count(name) == 0) {
+        failures += 1;
+        if (rank == 0) std::printf("%-34s registered but not run under MPI  FAILED\n", name.c_str());
       }
     }
   } catch (const std::exception& error) {

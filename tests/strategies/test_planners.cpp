@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
 #include "builders.hpp"
 #include "fake_cost.hpp"
@@ -18,7 +19,8 @@ Plan plan_with(const std::string& strategy, const CostModel& cost, std::vector<T
                std::optional<int> degree = std::nullopt) {
   PlannerOptions options;
   options.degree = degree;
-  Plan plan = find_planner(strategy).plan(make_batch(std::move(lengths), 3), cost, options);
+  Plan plan = find_planner(strategy).plan(make_batch(std::move(lengths), 3), cost, options,
+                                          SimulatorEvaluator(cost));
   const ValidationResult result = validate(plan, cost);
   EXPECT_TRUE(result.ok) << strategy << ": " << result.message;
   return plan;
@@ -84,7 +86,7 @@ TEST(PackedDp, FewSequencesSpreadOverRanks) {
 TEST(PackedDp, TooLongSequenceIsNamed) {
   const FakeCostModel cost;
   try {
-    find_planner("packed-dp").plan(make_batch({10, 195}), cost, {});
+    find_planner("packed-dp").plan(make_batch({10, 195}), cost, {}, SimulatorEvaluator(cost));
     FAIL() << "expected PlanningError";
   } catch (const PlanningError& error) {
     EXPECT_NE(std::string(error.what()).find("sequence 1 (195 tokens): one GPU holds 194 tokens"),
@@ -214,7 +216,8 @@ TEST(BatchAdaptive, PicksTheFastestFeasibleDegree) {
       PlannerOptions options;
       options.degree = degree;
       const Seconds time_s =
-          estimate_plan_time_s(find_planner("static-ulysses").plan(batch, cost, options), cost);
+          estimate_plan_time_s(find_planner("static-ulysses").plan(batch, cost, options, SimulatorEvaluator(cost)),
+              cost);
       if (best_degree == 0 || time_s < best_s) {
         best_degree = degree;
         best_s = time_s;
@@ -222,7 +225,8 @@ TEST(BatchAdaptive, PicksTheFastestFeasibleDegree) {
     }
     PlannerOptions options;
     options.degree = best_degree;
-    Plan expected = find_planner("static-ulysses").plan(batch, cost, options);
+    Plan expected =
+        find_planner("static-ulysses").plan(batch, cost, options, SimulatorEvaluator(cost));
     expected.strategy = "batch-adaptive";
     EXPECT_EQ(plan_to_string(chosen), plan_to_string(expected));
   }
@@ -232,7 +236,7 @@ TEST(BatchAdaptive, DegreeOverrideActsLikeStaticUlysses) {
   const FakeCostModel cost;
   Plan plan = plan_with("batch-adaptive", cost, {50, 60}, 2);
   EXPECT_EQ(plan.micro_batches[0].groups[0].ranks.size(), 2u);
-  EXPECT_THROW(find_planner("batch-adaptive").plan(make_batch({300}), cost, {}), PlanningError);
+  EXPECT_THROW(find_planner("batch-adaptive").plan(make_batch({300}), cost, {}, SimulatorEvaluator(cost)), PlanningError);
 }
 
 TEST(HybridDp, HandCheckedPlacement) {
@@ -281,7 +285,7 @@ TEST(HybridDp, ManyLocalsSpreadAndRingsFirst) {
 TEST(HybridDp, TooLongForTheWholeClusterIsNamed) {
   const FakeCostModel cost;
   try {
-    find_planner("hybrid-dp").plan(make_batch({10, 20, 401}), cost, {});
+    find_planner("hybrid-dp").plan(make_batch({10, 20, 401}), cost, {}, SimulatorEvaluator(cost));
     FAIL() << "expected PlanningError";
   } catch (const PlanningError& error) {
     EXPECT_EQ(std::string(error.what()),
@@ -312,7 +316,7 @@ TEST(Planners, RejectEmptyBatches) {
   const FakeCostModel cost;
   Batch empty;
   for (const auto& planner : planners()) {
-    EXPECT_THROW(planner->plan(empty, cost, {}), InputError) << planner->name();
+    EXPECT_THROW(planner->plan(empty, cost, {}, SimulatorEvaluator(cost)), InputError) << planner->name();
   }
 }
 

@@ -25,7 +25,7 @@ std::unique_ptr<CostModel> make_cost(const std::string& cluster_name, int nodes,
 
 Plan plan_with(const Batch& batch, const CostModel& cost, const std::string& spec_text) {
   const StrategySpec spec = parse_strategy_spec(spec_text);
-  return spec.planner->plan(batch, cost, spec.options);
+  return spec.planner->plan(batch, cost, spec.options, SimulatorEvaluator(cost));
 }
 
 Tier tier_of(const AttentionGroup& group, const Cluster& cluster) {
@@ -40,8 +40,8 @@ TEST(ZeppelinCrossovers, OrderedAndDerivedFromTheCostModel) {
   // only ~2x faster NICs: its chunks must be longer to hide a NIC hop.
   const auto a800 = make_cost("a800-roce", 2, "llama-7b");
   const auto h200 = make_cost("h200", 2, "llama-7b");
-  const Crossovers a = find_crossovers(*a800);
-  const Crossovers h = find_crossovers(*h200);
+  const Crossovers a = find_crossovers(*a800, SimulatorEvaluator(*a800));
+  const Crossovers h = find_crossovers(*h200, SimulatorEvaluator(*h200));
   for (const Crossovers& c : {a, h}) {
     EXPECT_GT(c.intra_node_tokens_per_rank, 1);
     EXPECT_LT(c.intra_node_tokens_per_rank, c.inter_node_tokens_per_rank);
@@ -69,7 +69,8 @@ TEST(ZeppelinTiers, ShortSequencesStayLocalLongOnesSpanNodes) {
   for (const std::string cluster : {"a800-roce", "h200"}) {
     SCOPED_TRACE(cluster);
     const auto cost = make_cost(cluster, 4, "llama-7b");
-    const TierContext context = make_tier_context(*cost, {});
+    const SimulatorEvaluator evaluator(*cost);
+    const TierContext context = make_tier_context(*cost, evaluator, {});
     const Tokens intra = context.crossovers.intra_node_tokens_per_rank;
     // Below twice the intra-node crossover no ring hides its traffic: local, however heavy
     // the load.
@@ -99,7 +100,8 @@ TEST(ZeppelinTiers, ShortSequencesStayLocalLongOnesSpanNodes) {
 
 TEST(ZeppelinTiers, PlansFollowTheTierChoice) {
   const auto cost = make_cost("a800-roce", 4, "llama-7b");
-  const TierContext context = make_tier_context(*cost, {});
+  const SimulatorEvaluator evaluator(*cost);
+  const TierContext context = make_tier_context(*cost, evaluator, {});
   const Tokens intra = context.crossovers.intra_node_tokens_per_rank;
   const Tokens node_tokens = context.capacity_tokens_per_rank * context.gpus_per_node;
   // One sequence longer than a node, a few mid-size ones, many short ones.
@@ -155,11 +157,12 @@ TEST(ZeppelinRouting, NeverSlowsATransferAndPaysForLargeOnes) {
   for (const std::string cluster : {"a800-roce", "h200", "a100-ib400"}) {
     const auto cost = make_cost(cluster, 2, "llama-7b");
     const int gpus = cost->cluster().gpus_per_node;
+    const SimulatorEvaluator evaluator(*cost);
     for (Bytes bytes = 1; bytes <= (Bytes{1} << 34); bytes *= 4) {
       for (const auto& pair : {std::pair{gpus - 1, gpus}, std::pair{0, gpus + 3}}) {
         const int src = pair.first;  // not a structured binding: clang 14 cannot capture one
         const int dst = pair.second;
-        const Routing routing = choose_routing(*cost, bytes, src, dst);
+        const Routing routing = choose_routing(*cost, evaluator, bytes, src, dst);
         // Forward (KV) plus backward (KV and dKV: twice the bytes), what the choice minimises.
         const auto both_passes = [&](int proxies, int chunks) {
           return isolated_transfer_time_s(*cost, bytes, src, dst, proxies, chunks) +
@@ -177,7 +180,7 @@ TEST(ZeppelinRouting, NeverSlowsATransferAndPaysForLargeOnes) {
       }
     }
     // Intra-node transfers are never routed.
-    EXPECT_EQ(choose_routing(*cost, Bytes{1} << 30, 0, 1).proxies, 1);
+    EXPECT_EQ(choose_routing(*cost, evaluator, Bytes{1} << 30, 0, 1).proxies, 1);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
 #include "ballast/report.hpp"
+#include "ballast/simulator.hpp"
 #include "plot.hpp"
 
 namespace ballast::cli {
@@ -211,7 +212,8 @@ int run_plan(const PlanArgs& args) {
   const bool several = inputs.batches.size() > 1;
   std::string text = several ? "[\n" : "";
   for (std::size_t i = 0; i < inputs.batches.size(); ++i) {
-    const Plan plan = spec.planner->plan(inputs.batches[i], *inputs.cost, spec.options);
+    const Plan plan = spec.planner->plan(inputs.batches[i], *inputs.cost, spec.options,
+                                         SimulatorEvaluator(*inputs.cost));
     require_valid(plan, *inputs.cost, "made by " + args.strategy);
     if (several && i > 0) text += ",\n";
     text += plan_to_string(plan);
@@ -282,7 +284,8 @@ int run_simulate(const SimulateArgs& args) {
     for (const Batch& batch : inputs.batches) {
       progress.show(fmt::format("planning {} step {}/{}", spec.text, plans.size() + 1,
                                 inputs.batches.size()));
-      plans.push_back(spec.planner->plan(batch, *inputs.cost, spec.options));
+      plans.push_back(
+          spec.planner->plan(batch, *inputs.cost, spec.options, SimulatorEvaluator(*inputs.cost)));
     }
     cost = std::move(inputs.cost);
   }
