@@ -14,29 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "ballast/cost_model.hpp"
+#include "ballast/settings.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
 #include "ballast/text.hpp"
 #include "ballast/workload.hpp"
 
 namespace ballast {
-
-/// Everything a plan / simulate / compare run is made of. Defaults are the bundled
-/// defaults of `ballast compare` (documented in docs/cli.md).
-struct RunSettings {
-  std::string dataset = "wlbllm";  ///< bundled name or length-file path
-  std::string cluster = "h100";    ///< preset or JSON file
-  std::optional<int> nodes;        ///< overrides the cluster's node count
-  std::string model = "llama-7b";  ///< preset or JSON file
-  std::string cost_model = "analytical";
-  std::vector<std::string> strategies;  ///< empty: every registered strategy
-  std::string baseline;                 ///< empty: static-cp if compared, else the first
-  int steps = 4;
-  SamplerOptions sampler = default_sampler_options();
-  PlannerOptions planner;
-
-  static SamplerOptions default_sampler_options();
-};
 
 /// The inputs a run resolves its settings into (loaded once, shared by every strategy).
 struct RunInputs {

@@ -11,25 +11,10 @@
 #include "ballast/cost_model.hpp"
 #include "ballast/plan.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/trace.hpp"
 #include "ballast/units.hpp"
 
 namespace ballast {
-
-/// One interval of the simulated timeline (also the trace schema of the runtime).
-struct TraceEvent {
-  int rank = 0;
-  std::string lane;  ///< "compute", "send", "recv" or "collective"
-  std::string name;  ///< e.g. "attention fwd ring g3 step 2", "all-to-all qkv"
-  int micro_batch = -1;  ///< -1 for per-step work (gradient sync)
-  Seconds start_s = 0;
-  Seconds duration_s = 0;
-  /// What the interval serves, for plots (docs/simulator.md section 6): "linear",
-  /// "overhead", "remap", "gradient sync", "local", or an attention group's scheme and
-  /// tier ("ring intra-node", "ring inter-node", "ulysses inter-node", "all-gather
-  /// intra-node", ...); "" where unknown (the runtime's measured traces). The explicit
-  /// initializer keeps positional {rank, lane, ...} initializations warning-free.
-  std::string category{};
-};
 
 struct RankTimes {
   Seconds busy_s = 0;           ///< compute stream busy
@@ -108,8 +93,9 @@ class SimulatorEvaluator final : public PlanEvaluator {
   const CostModel& cost_;
 };
 
-/// Chrome trace-event JSON (open in ui.perfetto.dev): one process per rank, one thread
-/// per lane, times in microseconds.
-void write_chrome_trace(const SimulationReport& report, std::ostream& out);
+/// The report's trace as Chrome trace-event JSON (trace.hpp's writer for its ranks).
+inline void write_chrome_trace(const SimulationReport& report, std::ostream& out) {
+  write_chrome_trace(report.trace, static_cast<int>(report.ranks.size()), report.gpus_per_node, out);
+}
 
 }  // namespace ballast

@@ -13,16 +13,6 @@
 
 namespace ballast {
 
-SamplerOptions RunSettings::default_sampler_options() {
-  SamplerOptions options;
-  // 1 Mi tokens per step on 64 GPUs: the long-context setting of Zeppelin's evaluation
-  // (~0.5-1M tokens per step on 64 GPUs, SYSTEMS.md section 3); 128K context covers the
-  // wlbllm distribution (max 124,913).
-  options.tokens_per_step = Tokens{1} << 20;
-  options.max_context_tokens = 131072;
-  return options;
-}
-
 RunInputs resolve_inputs(const RunSettings& settings) {
   if (settings.steps < 1) {
     throw InputError(fmt::format("--steps {} must be at least 1", settings.steps));

@@ -9,6 +9,7 @@
 #include <queue>
 
 #include "ballast/error.hpp"
+#include "ballast/trace.hpp"
 #include "schemes.hpp"
 
 namespace ballast::sim {
@@ -160,7 +161,7 @@ class StepBuilder {
   void add_overhead(int m, const MicroBatchLayout& layout, Pass pass) {
     const Seconds overhead_s = cost_.micro_batch_overhead_s(pass);
     if (overhead_s <= 0) return;
-    graph_.set_category("overhead");
+    graph_.set_category(trace_category::kOverhead);
     for (int rank = 0; rank < ranks(); ++rank) {
       if (!layout.participates[rank]) continue;
       cursor_[rank] = graph_.add_compute(rank, m, overhead_s, {cursor_[rank]}, [&] {
@@ -171,7 +172,7 @@ class StepBuilder {
 
   void add_linear(int m, const MicroBatchLayout& layout, Pass pass, const char* what,
                   double fraction) {
-    graph_.set_category("linear");
+    graph_.set_category(trace_category::kLinear);
     for (int rank = 0; rank < ranks(); ++rank) {
       const Seconds duration_s = cost_.linear_time_s(layout.linear_tokens[rank], pass) * fraction;
       if (!layout.participates[rank] || duration_s <= 0) continue;
@@ -185,7 +186,7 @@ class StepBuilder {
   /// transfers, its outgoing ones start when it reaches the remap.
   void add_remap(int m, const MicroBatchLayout& layout, Pass pass, bool to_attention) {
     if (layout.flows.empty()) return;
-    graph_.set_category("remap");
+    graph_.set_category(trace_category::kRemap);
     BuildContext ctx = context(m);
     const Bytes bytes_per_token = cost_.model().hidden_bytes_per_token();
     std::map<int, std::vector<int>> incoming;
@@ -208,7 +209,7 @@ class StepBuilder {
   void add_gradient_sync() {
     std::vector<int> everyone(cursor_.size());
     for (int rank = 0; rank < ranks(); ++rank) everyone[rank] = rank;
-    graph_.set_category("gradient sync");
+    graph_.set_category(trace_category::kGradientSync);
     graph_.add_collective(everyone, -1, cost_.gradient_sync_time_s(),
                           ports_.collective_ports(everyone), cursor_,
                           [] { return std::string("gradient sync"); });

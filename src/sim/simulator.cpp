@@ -86,13 +86,6 @@ const char* lane_of(sim::TaskKind kind, bool sender) {
   }
 }
 
-int lane_number(const std::string& lane) {
-  if (lane == "compute") return 0;
-  if (lane == "send") return 1;
-  if (lane == "recv") return 2;
-  return 3;
-}
-
 /// One event per compute op, a send and a recv per transfer, one per collective member;
 /// ordered by rank, start, lane, then creation.
 std::vector<TraceEvent> trace_of(const sim::TaskGraph& graph) {
@@ -106,7 +99,7 @@ std::vector<TraceEvent> trace_of(const sim::TaskGraph& graph) {
                        graph.name(id), task.micro_batch,
                        task.start_s,   task.duration_s,
                        graph.category(id)};
-      keyed.emplace_back(event.rank, event.start_s, lane_number(event.lane), id, std::move(event));
+      keyed.emplace_back(event.rank, event.start_s, trace_lane_index(event.lane), id, std::move(event));
     }
   }
   std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {

@@ -1,0 +1,90 @@
+// The trace schema's writers (trace.hpp): Chrome trace-event JSON, one process per rank
+// and one thread per lane, times in us; and the compact JSON list ranks exchange.
+#include "ballast/trace.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "ballast/error.hpp"
+
+namespace ballast {
+
+namespace {
+
+constexpr double kMicrosecondsPerSecond = 1e6;
+constexpr int kLaneCount = static_cast<int>(std::size(kTraceLanes));
+
+nlohmann::json metadata(int rank, int tid, const char* what, const std::string& name) {
+  return {{"name", what}, {"ph", "M"}, {"pid", rank}, {"tid", tid}, {"args", {{"name", name}}}};
+}
+
+}  // namespace
+
+int trace_lane_index(const std::string& lane) {
+  for (int i = 0; i < kLaneCount; ++i) {
+    if (lane == kTraceLanes[i]) return i;
+  }
+  return kLaneCount - 1;
+}
+
+void write_chrome_trace(std::span<const TraceEvent> events, int ranks, int gpus_per_node,
+                        std::ostream& out) {
+  nlohmann::json json_events = nlohmann::json::array();
+  gpus_per_node = std::max(1, gpus_per_node);
+  for (int rank = 0; rank < ranks; ++rank) {
+    json_events.push_back(metadata(rank, 0, "process_name",
+                                   fmt::format("rank {} (node {})", rank, rank / gpus_per_node)));
+    json_events.push_back({{"name", "process_sort_index"},
+                           {"ph", "M"},
+                           {"pid", rank},
+                           {"tid", 0},
+                           {"args", {{"sort_index", rank}}}});
+    for (int lane = 0; lane < kLaneCount; ++lane) {
+      json_events.push_back(metadata(rank, lane, "thread_name", kTraceLanes[lane]));
+    }
+  }
+  for (const TraceEvent& event : events) {
+    nlohmann::json args = {{"micro_batch", event.micro_batch}};
+    if (!event.category.empty()) args["category"] = event.category;
+    json_events.push_back({{"name", event.name},
+                           {"cat", event.lane},
+                           {"ph", "X"},
+                           {"pid", event.rank},
+                           {"tid", trace_lane_index(event.lane)},
+                           {"ts", event.start_s * kMicrosecondsPerSecond},
+                           {"dur", event.duration_s * kMicrosecondsPerSecond},
+                           {"args", std::move(args)}});
+  }
+  const nlohmann::json trace = {{"traceEvents", std::move(json_events)}, {"displayTimeUnit", "ms"}};
+  out << trace.dump() << '\n';
+}
+
+std::string trace_events_to_json(std::span<const TraceEvent> events) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const TraceEvent& event : events) {
+    list.push_back({event.rank, event.lane, event.name, event.micro_batch, event.start_s,
+                    event.duration_s, event.category});
+  }
+  return list.dump();
+}
+
+std::vector<TraceEvent> trace_events_from_json(const std::string& text) {
+  std::vector<TraceEvent> events;
+  try {
+    for (const nlohmann::json& item : nlohmann::json::parse(text)) {
+      events.push_back({item.at(0).get<int>(), item.at(1).get<std::string>(),
+                        item.at(2).get<std::string>(), item.at(3).get<int>(),
+                        item.at(4).get<double>(), item.at(5).get<double>(),
+                        item.at(6).get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception& error) {
+    throw InputError(fmt::format("not a list of trace events: {}", error.what()));
+  }
+  return events;
+}
+
+}  // namespace ballast
