@@ -7,6 +7,7 @@
 #include <ctime>
 #include <limits>
 #include <numeric>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -101,11 +102,45 @@ double thread_cpu_s() {
 void PlanAttentionEngine::timed_wait(const char* name, const std::function<void()>& wait) {
   const double start = MPI_Wtime();
   const double cpu_start = thread_cpu_s();
+  end_segment(start);
   wait();
   const double duration = MPI_Wtime() - start;
   stats_.wait_s += duration;
   stats_.wait_cpu_s += thread_cpu_s() - cpu_start;
-  stats_.waits.push_back({name, start, duration});
+  if (recording_) {
+    // A ring shift waits for its predecessor's block: the receive lane, as the simulator's.
+    const char* lane = std::string_view(name) == "ring" ? "recv" : "collective";
+    events_.push_back({rank_, lane, fmt::format("wait {}", name), micro_batch_index_, start - origin_s_,
+                       duration, category_});
+    segment_start_s_ = start + duration;
+  }
+}
+
+const char* PlanAttentionEngine::category_of(int group) const {
+  return group_category(micro_batch_.groups[static_cast<std::size_t>(group)], plan_.cluster);
+}
+
+void PlanAttentionEngine::record_trace(double origin_s) {
+  recording_ = true;
+  origin_s_ = origin_s;
+}
+
+void PlanAttentionEngine::begin_segment(const char* category, int group, const char* pass) {
+  if (!recording_) return;
+  category_ = category;
+  segment_group_ = group;
+  segment_pass_ = pass;
+  segment_start_s_ = MPI_Wtime();
+}
+
+void PlanAttentionEngine::end_segment(double now_s) {
+  if (!recording_ || segment_group_ < 0 || now_s <= segment_start_s_) return;
+  const AttentionGroup& group = micro_batch_.groups[static_cast<std::size_t>(segment_group_)];
+  const Scheme scheme = group.ranks.size() == 1 ? Scheme::local : group.scheme;
+  events_.push_back({rank_, "compute",
+                     fmt::format("attention {} {} g{}", segment_pass_, to_string(scheme), group.ranks.size()),
+                     micro_batch_index_, segment_start_s_ - origin_s_, now_s - segment_start_s_, category_});
+  segment_start_s_ = now_s;
 }
 
 void PlanAttentionEngine::run_fault_hook(const char* where) {
@@ -205,6 +240,7 @@ void PlanAttentionEngine::forward(int layer, const AttentionShape& shape, const 
   BALLAST_CHECK(static_cast<std::size_t>(batch.size()) ==
                     linear_layout_[static_cast<std::size_t>(rank_)].size(),
                 "the batch must be this engine's linear_batch()");
+  const double call_start_s = MPI_Wtime();
   const int qw = shape.heads * shape.head_dim, kw = shape.kv_heads * shape.head_dim;
   if (saved_.size() <= static_cast<std::size_t>(layer)) saved_.resize(static_cast<std::size_t>(layer) + 1);
   Saved& saved = saved_[static_cast<std::size_t>(layer)];
@@ -212,6 +248,7 @@ void PlanAttentionEngine::forward(int layer, const AttentionShape& shape, const 
   saved.k.assign(n * kw, 0);
   saved.v.assign(n * kw, 0);
   if (has_layout_) {
+    begin_segment(trace_category::kRemap, -1, "fwd");
     remap(linear_layout_, attention_layout_, q, saved.q.data(), qw);
     remap(linear_layout_, attention_layout_, k, saved.k.data(), kw);
     remap(linear_layout_, attention_layout_, v, saved.v.data(), kw);
@@ -222,17 +259,24 @@ void PlanAttentionEngine::forward(int layer, const AttentionShape& shape, const 
   }
   saved.out.assign(n * qw, 0);
   saved.lse.assign(n * static_cast<std::size_t>(shape.heads), -std::numeric_limits<float>::infinity());
-  for (const GroupTokens& mine : my_groups_) run_group_forward(shape, mine, saved);
+  for (const GroupTokens& mine : my_groups_) {
+    begin_segment(category_of(mine.group), mine.group, "fwd");
+    run_group_forward(shape, mine, saved);
+    end_segment(MPI_Wtime());
+  }
   if (has_layout_) {
+    begin_segment(trace_category::kRemap, -1, "fwd");
     remap(attention_layout_, linear_layout_, saved.out.data(), out, qw);
   } else {
     std::copy(saved.out.begin(), saved.out.end(), out);
   }
   run_fault_hook("after an attention forward that posted no messages");
+  if (recording_) attention_calls_.push_back({call_start_s, MPI_Wtime() - call_start_s});
 }
 
 void PlanAttentionEngine::backward(int layer, const AttentionShape& shape, const TokenBatch& batch,
                                    const float* d_out, float* d_q, float* d_k, float* d_v) {
+  const double call_start_s = MPI_Wtime();
   const Saved& saved = saved_.at(static_cast<std::size_t>(layer));
   const auto n = attention_layout_[static_cast<std::size_t>(rank_)].size();
   BALLAST_CHECK(static_cast<std::size_t>(batch.size()) ==
@@ -241,14 +285,18 @@ void PlanAttentionEngine::backward(int layer, const AttentionShape& shape, const
   const int qw = shape.heads * shape.head_dim, kw = shape.kv_heads * shape.head_dim;
   std::vector<float> dout_att(n * qw), dq(n * qw, 0), dk(n * kw, 0), dv(n * kw, 0);
   if (has_layout_) {
+    begin_segment(trace_category::kRemap, -1, "bwd");
     remap(linear_layout_, attention_layout_, d_out, dout_att.data(), qw);
   } else {
     std::copy(d_out, d_out + n * qw, dout_att.begin());
   }
   for (const GroupTokens& mine : my_groups_) {
+    begin_segment(category_of(mine.group), mine.group, "bwd");
     run_group_backward(shape, mine, saved, dout_att.data(), dq.data(), dk.data(), dv.data());
+    end_segment(MPI_Wtime());
   }
   if (has_layout_) {
+    begin_segment(trace_category::kRemap, -1, "bwd");
     remap(attention_layout_, linear_layout_, dq.data(), d_q, qw);
     remap(attention_layout_, linear_layout_, dk.data(), d_k, kw);
     remap(attention_layout_, linear_layout_, dv.data(), d_v, kw);
@@ -257,6 +305,7 @@ void PlanAttentionEngine::backward(int layer, const AttentionShape& shape, const
     std::copy(dk.begin(), dk.end(), d_k);
     std::copy(dv.begin(), dv.end(), d_v);
   }
+  if (recording_) attention_calls_.push_back({call_start_s, MPI_Wtime() - call_start_s});
 }
 
 }  // namespace ballast::runtime

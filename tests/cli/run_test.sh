@@ -31,6 +31,27 @@ code=$(run "$work/text.txt" "$work/err" -np 2 "$ballast" run --strategy hybrid-d
 check "run text exits 0" test "$code" = 0
 check "run text has the rank table" has "$work/text.txt" "busy (s)"
 check "run trace parses" /usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))['traceEvents']" "$work/trace.json"
+# The measured trace uses the simulator's schema and categories (trace.hpp, group_category):
+# every span has one, linear and gradient sync appear, and attention of a group with the
+# plan's scheme and tier; a routed zeppelin ring over 2 emulated nodes shows its inter-node
+# ring and the remap.
+measured_categories() {  # measured_categories TRACE REQUIRED...
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+known = {"linear", "remap", "gradient sync", "local", "ring intra-node", "ring inter-node",
+         "ulysses intra-node", "ulysses inter-node", "all-gather intra-node", "all-gather inter-node"}
+spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+seen = {e["args"].get("category", "") for e in spans}
+assert seen <= known, seen - known
+assert all(e["dur"] >= 0 for e in spans)
+for required in sys.argv[2:]:
+    assert required in seen, (required, seen)
+PY
+}
+check "run trace has the simulator's categories" measured_categories "$work/trace.json" linear "gradient sync"
+code=$(run "$work/text.txt" "$work/err" -np 4 "$ballast" run --strategy zeppelin:partition=even:degree=4:routing=on:remap=on --trace "$work/ring.json")
+check "run (routed ring, remap) with a trace exits 0" test "$code" = 0
+check "run trace shows the inter-node ring and the remap" measured_categories "$work/ring.json" linear "gradient sync" "ring inter-node" remap
 
 "$ballast" plan --strategy static-cp --nodes 1 --tokens-per-step 100000 -o "$work/plan.json" 2>"$work/err"
 code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --plan "$work/plan.json")

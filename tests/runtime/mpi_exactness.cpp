@@ -19,7 +19,9 @@
 #include "ballast/runtime/model.hpp"
 #include "ballast/runtime/mpi.hpp"
 #include "ballast/runtime/plan_engine.hpp"
-#include "ballast/runtime/run.hpp"
+#include "ballast/runtime/emulation.hpp"
+#include "ballast/runtime/step.hpp"
+#include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
 #include "ballast/workload.hpp"
 
@@ -42,11 +44,8 @@ int main(int argc, char** argv) {
     config.ffn_hidden = 48;
     const Parameters parameters = init_parameters(config, 7);
     // The cluster and model `ballast run` plans with, memory for ~160 tokens per rank.
-    RunOptions run_options;
-    run_options.model = config;
-    run_options.rank_tokens = 160;
     const auto cost = make_cost_model(load_cost_model_spec("analytical"),
-                                      run_cluster(run_options, ranks), run_planning_model(run_options));
+                                      emulated_cluster(config, ranks, 2, 160), planning_model(config));
     const Tokens capacity = cost->token_capacity_per_rank();
     // One-token documents, odd lengths, and (batch 0 only) a document longer than one
     // rank's memory budget: a strategy runs batch 0 when it can hold that document (see
@@ -107,24 +106,8 @@ int main(int argc, char** argv) {
       checked.insert(spec.planner->name());
       const Plan plan = spec.planner->plan(batch, *cost, spec.options, SimulatorEvaluator(*cost));
       require_valid(plan, *cost, text);
-      std::vector<float> gradients(parameters.values.size(), 0.0f);
-      double loss_sum = 0;
-      std::int64_t targets = 0;
-      for (std::size_t m = 0; m < plan.micro_batches.size(); ++m) {
-        PlanAttentionEngine engine(plan, static_cast<int>(m), MPI_COMM_WORLD);
-        const StepOutput out =
-            forward_backward(config, parameters, engine.linear_batch(documents), engine);
-        for (std::size_t x = 0; x < gradients.size(); ++x) gradients[x] += out.gradients[x];
-        loss_sum += out.loss_sum;
-        targets += out.target_count;
-      }
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, gradients.data(), static_cast<int>(gradients.size()),
-                              MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce (gradients)");
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
-                "MPI_Allreduce (loss)");
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, &targets, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD),
-                "MPI_Allreduce (targets)");
-      const StepDifference difference = compare_with_reference(parameters, loss_sum, gradients, reference);
+      const StepResult step = run_step(plan, config, parameters, documents, MPI_COMM_WORLD);
+      const StepDifference difference = compare_with_reference(parameters, step.loss_sum, step.gradients, reference);
       std::string schemes;
       for (const MicroBatch& micro_batch : plan.micro_batches) {
         for (const AttentionGroup& group : micro_batch.groups) {
@@ -139,11 +122,11 @@ int main(int argc, char** argv) {
           }
         }
       }
-      const bool ok = difference.max_relative_error < 1e-5 && targets == reference.target_count;
+      const bool ok = difference.max_relative_error < 1e-5 && step.targets == reference.target_count;
       failures += ok ? 0 : 1;
       if (rank == 0) {
         std::printf("%-34s %-28s %zu micro-batches, loss %.6f, max relative error %.2e (%s)%s\n",
-                    text.c_str(), schemes.c_str(), plan.micro_batches.size(), loss_sum / targets,
+                    text.c_str(), schemes.c_str(), plan.micro_batches.size(), step.loss_sum / step.targets,
                     difference.max_relative_error, difference.worst.c_str(), ok ? "" : "  FAILED");
       }
     }

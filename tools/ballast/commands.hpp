@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ballast/runtime/run.hpp"
+#include "ballast/driver/run.hpp"
 #include "options.hpp"
 
 namespace ballast::cli {
@@ -47,7 +47,7 @@ std::vector<std::string> ablation_ladder();
 struct RunArgs {
   WorkloadFlags workload;
   OutputFlags output;
-  runtime::RunOptions options;
+  driver::RunOptions options;
   std::string trace_path;
   std::vector<std::string> flags_given;  ///< long names of the flags on the command line
 };

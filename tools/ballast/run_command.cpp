@@ -15,7 +15,8 @@
 
 #include "ballast/error.hpp"
 #include "ballast/runtime/mpi.hpp"
-#include "ballast/runtime/run.hpp"
+#include "ballast/driver/run.hpp"
+#include "ballast/trace.hpp"
 #include "commands.hpp"
 
 namespace ballast::cli {
@@ -24,10 +25,10 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-void write_text(const runtime::RunReport& report, const RunArgs& args, std::ostream& out) {
+void write_text(const driver::RunReport& report, const RunArgs& args, std::ostream& out) {
   fmt::print(out, "ballast run: strategy {}, {} ranks ({} per emulated node), corpus: {}\n",
              report.strategy, report.ranks, report.gpus_per_node, report.corpus_provenance);
-  for (const runtime::StepReport& step : report.steps) {
+  for (const driver::StepReport& step : report.steps) {
     fmt::print(out, "step {}: {} micro-batches, loss {:.4f}, imbalance {:.3f} (max/mean busy), step wall {:.3f} s",
                step.step, step.micro_batches, step.loss, step.imbalance, step.step_wall_s);
     if (step.max_relative_error >= 0) {
@@ -46,7 +47,7 @@ void write_text(const runtime::RunReport& report, const RunArgs& args, std::ostr
   if (!args.trace_path.empty()) fmt::print(out, "trace of the first step written to {}\n", args.trace_path);
 }
 
-nlohmann::ordered_json to_json(const runtime::RunReport& report, bool check) {
+nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
   nlohmann::ordered_json json;
   json["schema"] = "ballast.run/1";
   json["strategy"] = report.strategy;
@@ -153,7 +154,8 @@ int run_run(const RunArgs& args) {
     const Format format = parse_format(args.output.format);
     if (format == Format::csv) throw InputError("ballast run prints text or json; use --format text or json");
     reject_flags_without_effect(args);
-    runtime::RunOptions options = args.options;
+    driver::RunOptions options = args.options;
+    options.record_trace = !args.trace_path.empty();
     options.settings.steps = args.workload.steps.value_or(1);
     apply_workload_flags(args.workload, options.settings);
     if (options.plan_path.empty()) {
@@ -165,16 +167,12 @@ int run_run(const RunArgs& args) {
       // Default budget: half of the job's memory, in the dataset's own (unscaled) tokens.
       options.settings.sampler.tokens_per_step = options.rank_tokens * ranks / 2 * options.length_scale;
     }
-    const runtime::RunReport report = runtime::run_training(options, MPI_COMM_WORLD);
+    const driver::RunReport report = driver::run_training(options, MPI_COMM_WORLD);
     if (rank == 0) {
       if (!args.trace_path.empty()) {
-        SimulationReport trace;
-        trace.strategy = report.strategy;
-        trace.gpus_per_node = report.gpus_per_node;
-        trace.trace = report.trace;
         std::ofstream file(args.trace_path, std::ios::binary | std::ios::trunc);
         if (!file) throw InputError(fmt::format("--trace {}: cannot write this file", args.trace_path));
-        write_chrome_trace(trace, file);
+        write_chrome_trace(report.trace, report.ranks, report.gpus_per_node, file);
       }
       std::ostringstream text;
       if (format == Format::json) {

@@ -17,6 +17,7 @@
 
 #include "ballast/plan.hpp"
 #include "ballast/runtime/model.hpp"
+#include "ballast/trace.hpp"
 
 namespace ballast::runtime {
 
@@ -27,11 +28,9 @@ struct CommunicationStats {
   double wait_s = 0;      ///< wall time blocked in MPI waits and collectives
   double wait_cpu_s = 0;  ///< thread CPU time spent inside them (MPI polls while it waits)
   struct Interval {
-    const char* name;
     double start_s;  ///< MPI_Wtime
     double duration_s;
   };
-  std::vector<Interval> waits;  ///< every blocking wait, in order
 };
 
 /// This thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): what "busy" counts, so it
@@ -60,6 +59,14 @@ class PlanAttentionEngine final : public AttentionEngine {
                 const float* d_out, float* d_q, float* d_k, float* d_v) override;
 
   const CommunicationStats& stats() const { return stats_; }
+
+  /// Records this rank's timeline from now on: events() gets the attention compute of each
+  /// group (category group_category(), cut where the rank blocks) and every blocking wait
+  /// (category "remap" or the group's), times in seconds from `origin_s` (an MPI_Wtime);
+  /// attention_calls() gets every forward/backward call (the linear modules run between).
+  void record_trace(double origin_s);
+  const std::vector<TraceEvent>& events() const { return events_; }
+  const std::vector<CommunicationStats::Interval>& attention_calls() const { return attention_calls_; }
 
   /// Test-only (BALLAST_FAULT, fault.hpp): `hook` runs once, at the first point of this
   /// micro-batch where this rank has point-to-point messages in flight (a ring shift or a
@@ -95,8 +102,16 @@ class PlanAttentionEngine final : public AttentionEngine {
   void count_sent(int peer, std::int64_t bytes);
   /// Runs and clears fault_hook_ if one is set.
   void run_fault_hook(const char* where);
-  /// Runs a blocking MPI wait, adding its wall and CPU time and an interval to stats_.
+  /// Runs a blocking MPI wait, adding its wall and CPU time to stats_ (and, recording, an
+  /// event in the current category, after closing the compute segment before it).
   void timed_wait(const char* name, const std::function<void()>& wait);
+  /// Recording: the attention work that follows serves `category` ("remap" or a group's),
+  /// in pass `pass` ("fwd" or "bwd") of `group` (-1: none, no compute segment is kept).
+  void begin_segment(const char* category, int group, const char* pass);
+  /// Recording: closes the current compute segment at `now_s` (a group's compute).
+  void end_segment(double now_s);
+  /// group_category() of the micro-batch's group `group`.
+  const char* category_of(int group) const;
   /// One ring shift of `group`: member m sends sizes[m] floats to member m + 1 (this rank
   /// sends `send`, receives its predecessor's into `recv`). A hop is split into
   /// routing_parts() parts (plan_layout.hpp, the rule the simulator uses): part 0 straight
@@ -119,6 +134,15 @@ class PlanAttentionEngine final : public AttentionEngine {
   std::vector<Saved> saved_;
   CommunicationStats stats_;
   std::function<void(const char* where)> fault_hook_;
+  // Recording (record_trace): the current segment's category, group, pass and start.
+  bool recording_ = false;
+  double origin_s_ = 0;
+  const char* category_ = "";
+  int segment_group_ = -1;
+  const char* segment_pass_ = "";
+  double segment_start_s_ = 0;
+  std::vector<TraceEvent> events_;
+  std::vector<CommunicationStats::Interval> attention_calls_;
 };
 
 }  // namespace ballast::runtime

@@ -1,0 +1,183 @@
+// The run driver (driver/run.hpp): acquire plans, run each step on the MPI runtime, check,
+// update, gather measurements and the measured trace.
+#include "ballast/driver/run.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <memory>
+#include <optional>
+
+#include "ballast/cost_model.hpp"
+#include "ballast/error.hpp"
+#include "ballast/runtime/corpus.hpp"
+#include "ballast/runtime/emulation.hpp"
+#include "ballast/runtime/fault.hpp"
+#include "ballast/runtime/mpi.hpp"
+#include "ballast/simulator.hpp"
+#include "ballast/strategy.hpp"
+
+namespace ballast::driver {
+
+namespace {
+
+/// Throws InputError naming `source` when `plan` cannot run on this job: another rank
+/// count, other heads or KV heads than the model (Ulysses members own head ranges, so
+/// the plan's groups were sized for its heads), or a micro-batch whose MPI messages would
+/// not fit MPI's int element counts. The plan's layers, hidden size and FFN only set its
+/// costs and memory, not what runs, so they may differ. Runs on every rank before any
+/// communication, so every rank raises the same error and none blocks in MPI.
+void check_plan_matches_job(const Plan& plan, const RunOptions& options, int ranks, const std::string& source) {
+  if (plan.cluster.ranks() != ranks) {
+    throw InputError(fmt::format("{}: the plan is for {} ranks but the job has {}; run with "
+                                 "mpirun -np {}", source, plan.cluster.ranks(), ranks,
+                                 plan.cluster.ranks()));
+  }
+  if (plan.model.heads != options.model.heads || plan.model.kv_heads != options.model.kv_heads) {
+    throw InputError(fmt::format("{}: the plan is for {} heads / {} KV heads but the model has {} / {}; "
+                                 "pass --heads {} --kv-heads {} to match", source,
+                                 plan.model.heads, plan.model.kv_heads, options.model.heads,
+                                 options.model.kv_heads, plan.model.heads, plan.model.kv_heads));
+  }
+  // The largest message of a micro-batch (a ring block's [K, V, dK, dV], a Ulysses
+  // member's QKV columns, a remap of hidden-wide rows) is at most 4 x hidden floats per
+  // token of the micro-batch; MPI counts and displacements are int.
+  for (std::size_t m = 0; m < plan.micro_batches.size(); ++m) {
+    Tokens tokens = 0;
+    for (const AttentionGroup& group : plan.micro_batches[m].groups) {
+      for (const SequenceChunks& sequence : group.sequences) tokens += sequence.padded_length_tokens;
+    }
+    const double floats = 4.0 * static_cast<double>(options.model.hidden) * static_cast<double>(tokens);
+    if (floats > INT_MAX) {
+      throw InputError(fmt::format("{}: micro-batch {} holds {} tokens; with hidden size {} its MPI "
+                                   "messages would reach {:.3g} floats, beyond MPI's int counts ({}); "
+                                   "plan fewer tokens per micro-batch or use a smaller --hidden",
+                                   source, m, tokens, options.model.hidden, floats, INT_MAX));
+    }
+  }
+}
+
+std::vector<Plan> read_plans(const RunOptions& options, int ranks) {
+  std::vector<Plan> plans = read_plan_file(options.plan_path);
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const std::string source =
+        plans.size() == 1 ? options.plan_path : fmt::format("{}[{}]", options.plan_path, i);
+    check_plan_matches_job(plans[i], options, ranks, source);
+    const auto plan_cost = make_cost_model(plans[i].cost_model, plans[i].cluster, plans[i].model);
+    require_valid(plans[i], *plan_cost, source);
+  }
+  return plans;
+}
+
+std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
+  if (options.length_scale < 1) throw InputError("--length-scale must be at least 1");
+  if (options.rank_tokens < 1) throw InputError("--rank-tokens must be at least 1");
+  if (options.settings.steps < 1) {
+    throw InputError(fmt::format("--steps {} must be at least 1", options.settings.steps));
+  }
+  const auto cost = make_cost_model(
+      load_cost_model_spec("analytical"),
+      runtime::emulated_cluster(options.model, ranks, options.gpus_per_node, options.rank_tokens),
+      runtime::planning_model(options.model));
+  const SimulatorEvaluator evaluator(*cost);
+  const Dataset dataset = load_dataset(options.settings.dataset);
+  BatchSampler sampler(dataset, options.settings.sampler);
+  const StrategySpec spec = parse_strategy_spec(options.strategy, options.settings.planner);
+  std::vector<Plan> plans;
+  for (int step = 0; step < options.settings.steps; ++step) {
+    std::vector<Tokens> lengths = sampler.next().lengths_tokens;
+    for (Tokens& length : lengths) length = ceil_div(length, options.length_scale);
+    const Batch batch = make_batch(lengths, step);
+    Plan plan = spec.planner->plan(batch, *cost, spec.options, evaluator);
+    require_valid(plan, *cost, "made by " + options.strategy);
+    check_plan_matches_job(plan, options, ranks, fmt::format("step {} planned by {}", step, options.strategy));
+    plans.push_back(std::move(plan));
+  }
+  return plans;
+}
+
+/// Rank 0's view of a step: every rank's measurement, the busiest over the mean, the
+/// slowest wall time.
+void summarise_measurements(std::vector<runtime::RankMeasurement> ranks, StepReport& step) {
+  step.ranks = std::move(ranks);
+  double busiest = 0, total = 0;
+  for (const runtime::RankMeasurement& rank : step.ranks) {
+    busiest = std::max(busiest, rank.busy_s);
+    total += rank.busy_s;
+    step.step_wall_s = std::max(step.step_wall_s, rank.wall_s);
+  }
+  step.imbalance = total > 0 ? busiest / (total / static_cast<double>(step.ranks.size())) : 1.0;
+}
+
+}  // namespace
+
+std::vector<Plan> acquire_plans(const RunOptions& options, int ranks) {
+  options.model.check();
+  return options.plan_path.empty() ? sample_and_plan(options, ranks) : read_plans(options, ranks);
+}
+
+RunReport run_training(const RunOptions& options, MPI_Comm comm) {
+  int rank = 0, ranks = 1;
+  runtime::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  runtime::check_mpi(MPI_Comm_size(comm, &ranks), "MPI_Comm_size");
+  // Test-only (fault.hpp): read once, so a step costs one comparison when it is unset.
+  const std::optional<runtime::FaultInjection> fault = runtime::fault_from_environment();
+  const std::vector<Plan> plans = acquire_plans(options, ranks);
+  if (fault && (fault->rank >= ranks || fault->step >= static_cast<int>(plans.size()))) {
+    throw InputError(fmt::format("{}={}: the job has ranks 0-{} and steps 0-{}; the fault would never fire",
+                                 runtime::kFaultVariable, fault->spec, ranks - 1, plans.size() - 1));
+  }
+
+  const runtime::Corpus corpus = runtime::load_corpus(options.corpus);
+  runtime::Parameters parameters = runtime::init_parameters(options.model, options.settings.sampler.seed);
+  if (parameters.values.size() > static_cast<std::size_t>(INT_MAX)) {
+    throw InputError(fmt::format("the model has {} parameters; the gradient all-reduce is one MPI message "
+                                 "with an int count (at most {}); use a smaller --hidden, --layers or --ffn",
+                                 parameters.values.size(), INT_MAX));
+  }
+  runtime::AdamWState adam;
+  RunReport report;
+  report.strategy = options.plan_path.empty() ? options.strategy : plans.front().strategy;
+  report.ranks = ranks;
+  report.corpus_provenance = corpus.provenance;
+  report.gpus_per_node = plans.front().cluster.gpus_per_node;
+
+  for (std::size_t s = 0; s < plans.size(); ++s) {
+    const Plan& plan = plans[s];
+    const std::vector<Tokens> lengths(plan.sequence_lengths_tokens.begin(), plan.sequence_lengths_tokens.end());
+    const auto documents = runtime::cut_documents(corpus, lengths, options.settings.sampler.seed + s);
+    runtime::StepOptions step_options;
+    step_options.record_trace = options.record_trace && s == 0;
+    const bool fault_now = fault && fault->rank == rank && fault->step == static_cast<int>(s);
+    step_options.fault = fault_now ? &*fault : nullptr;
+    runtime::StepResult result = runtime::run_step(plan, options.model, parameters, documents, comm, step_options);
+
+    StepReport step;
+    step.step = static_cast<int>(plan.step);
+    step.micro_batches = static_cast<int>(plan.micro_batches.size());
+    step.loss = result.targets > 0 ? result.loss_sum / static_cast<double>(result.targets) : 0.0;
+    if (options.check) {
+      // Every rank computes the reference (same inputs, same result): no extra messages.
+      runtime::LocalAttentionEngine local;
+      const runtime::StepOutput reference =
+          runtime::forward_backward(options.model, parameters, runtime::pack_documents(documents), local);
+      const runtime::StepDifference difference =
+          runtime::compare_with_reference(parameters, result.loss_sum, result.gradients, reference);
+      step.max_relative_error = difference.max_relative_error;
+      step.worst_tensor = difference.worst;
+    }
+    std::vector<runtime::RankMeasurement> measured = runtime::gather_measurements(result.measurement, comm);
+    if (rank == 0) summarise_measurements(std::move(measured), step);
+    if (step_options.record_trace) report.trace = runtime::gather_trace(result.events, comm);
+    // The optimizer step on the mean gradient (identical on every rank).
+    if (result.targets > 0) {
+      for (float& gradient : result.gradients) gradient /= static_cast<float>(result.targets);
+    }
+    runtime::adamw_step(options.adamw, result.gradients, parameters, adam);
+    report.steps.push_back(std::move(step));
+  }
+  return report;
+}
+
+}  // namespace ballast::driver
