@@ -174,29 +174,10 @@ def planning_model(config: TinyConfig, parameters: int) -> ballast.Model:
 
 def emulated_cluster(world_size: int, gpus_per_node: int, rank_tokens: int, model: ballast.Model) -> ballast.Cluster:
     """One CPU process per emulated GPU, ``gpus_per_node`` per emulated node, memory for
-    ``rank_tokens`` tokens of activations plus the ZeRO-3 share of the model states; compute
-    and link figures of ``ballast run``'s emulated cluster (src/runtime/run.cpp)."""
-    per_node = max(1, min(gpus_per_node, world_size))
-    if world_size % per_node:
-        raise ValueError(f"gpus_per_node {gpus_per_node} does not divide the world size {world_size}")
-    cluster = ballast.Cluster.load("h100", nodes=world_size // per_node)
-    cluster.name = f"emulated-{world_size // per_node}x{per_node}"
-    cluster.gpu_name = "CPU core (one process)"
-    cluster.gpus_per_node = per_node
-    cluster.nics_per_node = per_node
-    cluster.peak_flops_per_s = 28e9
-    cluster.attention_efficiency = 0.8
-    cluster.matmul_efficiency = 0.5
-    cluster.attention_tile_tokens = 64
-    cluster.intra_node_bus_bw_bytes_per_s = 5e9
-    cluster.intra_node_p2p_bw_bytes_per_s = 5e9
-    cluster.nic_bw_bytes_per_s = 5e9
-    cluster.intra_node_latency_s = 2e-6
-    cluster.inter_node_latency_s = 2e-6
-    states = 16.0 * model.parameters / world_size  # weights, gradients, Adam moments
-    cluster.memory_usable_fraction = 0.9
-    cluster.gpu_memory_bytes = int((states + model.activation_bytes_per_token * rank_tokens) / 0.9) + 1
-    cluster.provenance = "examples/tiny_transformer.py: one process per emulated GPU"
+    ``rank_tokens`` tokens of activations plus the ZeRO-3 share of the model states: the
+    cluster ``ballast run`` plans for (``ballast.Cluster.emulated``, calibrated to the
+    runtime's CPU kernels)."""
+    cluster = ballast.Cluster.emulated(model, world_size, gpus_per_node, rank_tokens)
     cluster.validate()
     return cluster
 

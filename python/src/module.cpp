@@ -18,6 +18,7 @@
 
 #include "ballast/cluster.hpp"
 #include "ballast/cost_model.hpp"
+#include "ballast/emulated_cluster.hpp"
 #include "ballast/error.hpp"
 #include "ballast/model.hpp"
 #include "ballast/plan.hpp"
@@ -251,6 +252,11 @@ PYBIND11_MODULE(_ballast, m) {
   py::class_<Cluster>(m, "Cluster", "A homogeneous GPU cluster (docs/cost-model.md). Cluster.load(preset_or_file, nodes=None); fields are settable; ranks = nodes * gpus_per_node, numbered node-major.")
       .def(py::init<>())
       .def_static("load", &load_cluster, py::arg("preset_or_file"), py::arg("nodes") = std::nullopt)
+      .def_static("emulated", &emulated_cluster, py::arg("model"), py::arg("ranks"), py::arg("gpus_per_node"),
+                  py::arg("rank_tokens"),
+                  "The cluster CPU processes emulate, one per GPU (`ballast run`'s, calibrated to the runtime's "
+                  "CPU kernels): ranks GPUs in nodes of gpus_per_node, memory for rank_tokens tokens of model's "
+                  "activations next to its ZeRO-3 model states.")
       .def_static("from_json",
                   [](const std::string& text, const std::string& source) {
                     return cluster_from_json(parse_json_text(text, source), source);

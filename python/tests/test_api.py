@@ -234,3 +234,17 @@ def test_help_shows_an_example():
 def test_import_does_not_import_torch():
     code = "import sys, ballast; assert 'torch' not in sys.modules, 'ballast imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())
+
+
+def test_emulated_cluster_is_the_one_ballast_run_plans_for():
+    model = ballast.Model.load("llama-7b")
+    cluster = ballast.Cluster.emulated(model, ranks=8, gpus_per_node=4, rank_tokens=4096)
+    assert (cluster.nodes, cluster.gpus_per_node, cluster.nics_per_node) == (2, 4, 4)
+    assert cluster.peak_flops_per_s == 28e9  # the runtime's calibrated sgemm ceiling
+    # Memory: the ZeRO-3 share of the model states (16 bytes per parameter) plus 4,096
+    # tokens of activations, 90% usable.
+    usable = cluster.gpu_memory_bytes * cluster.memory_usable_fraction
+    expected = 16.0 * model.parameters / 8 + model.activation_bytes_per_token * 4096
+    assert abs(usable - expected) <= 1.0
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        ballast.Cluster.emulated(model, ranks=8, gpus_per_node=3, rank_tokens=4096)

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "ballast/cost_model.hpp"
+#include "ballast/emulated_cluster.hpp"
 #include "ballast/error.hpp"
 #include "ballast/runtime/corpus.hpp"
 #include "ballast/runtime/emulation.hpp"
@@ -78,7 +79,7 @@ std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
   }
   const auto cost = make_cost_model(
       load_cost_model_spec("analytical"),
-      runtime::emulated_cluster(options.model, ranks, options.gpus_per_node, options.rank_tokens),
+      emulated_cluster(runtime::planning_model(options.model), ranks, options.gpus_per_node, options.rank_tokens),
       runtime::planning_model(options.model));
   const SimulatorEvaluator evaluator(*cost);
   const Dataset dataset = load_dataset(options.settings.dataset);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ballast/cost_model.hpp"
+#include "ballast/emulated_cluster.hpp"
 #include "ballast/error.hpp"
 #include "ballast/runtime/model.hpp"
 #include "ballast/runtime/mpi.hpp"
@@ -45,7 +46,8 @@ int main(int argc, char** argv) {
     const Parameters parameters = init_parameters(config, 7);
     // The cluster and model `ballast run` plans with, memory for ~160 tokens per rank.
     const auto cost = make_cost_model(load_cost_model_spec("analytical"),
-                                      emulated_cluster(config, ranks, 2, 160), planning_model(config));
+                                      emulated_cluster(planning_model(config), ranks, 2, 160),
+                                      planning_model(config));
     const Tokens capacity = cost->token_capacity_per_rank();
     // One-token documents, odd lengths, and (batch 0 only) a document longer than one
     // rank's memory budget: a strategy runs batch 0 when it can hold that document (see

@@ -1,0 +1,17 @@
+// The cluster that CPU processes emulate, one process per GPU: what `ballast run` (MPI
+// ranks) and ballast.torch's gloo examples plan for, with compute and link figures
+// calibrated to the runtime's CPU kernels on this machine (docs/runtime.md).
+#pragma once
+
+#include "ballast/cluster.hpp"
+#include "ballast/model.hpp"
+#include "ballast/units.hpp"
+
+namespace ballast {
+
+/// `ranks` emulated GPUs in nodes of gpus_per_node (clamped to [1, ranks]; it must divide
+/// ranks, else InputError naming it), with memory for rank_tokens tokens of `model`'s
+/// activations next to its ZeRO-3 model states (kModelStateBytesPerParameter), 90% usable.
+Cluster emulated_cluster(const Model& model, int ranks, int gpus_per_node, Tokens rank_tokens);
+
+}  // namespace ballast
