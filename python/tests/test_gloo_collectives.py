@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as torch_mp  # noqa: E402
+from gloo_workers import run_workers  # noqa: E402
 
 WORLD_SIZE = 2
 TIMEOUT_S = 120
@@ -78,17 +76,8 @@ def _worker(rank: int, init_file: str, out_file: str) -> None:
 
 
 def test_gloo_runs_uneven_all_to_all_and_batched_point_to_point(tmp_path: Path) -> None:
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
     out_file = str(tmp_path / "verdicts")
-    context = torch_mp.start_processes(_worker, args=(str(tmp_path / "init"), out_file),
-                                       nprocs=WORLD_SIZE, join=False, start_method=method)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            pytest.fail(f"the {WORLD_SIZE} gloo workers did not finish in {TIMEOUT_S} s")
+    run_workers(_worker, (str(tmp_path / "init"), out_file), WORLD_SIZE, TIMEOUT_S)
     verdicts = [json.loads(Path(f"{out_file}.{rank}").read_text()) for rank in range(WORLD_SIZE)]
     print(f"\ntorch {torch.__version__}, gloo, {WORLD_SIZE} processes:")
     for name in CHECKS:

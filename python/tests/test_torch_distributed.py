@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -22,11 +21,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as torch_mp  # noqa: E402
 
 import ballast  # noqa: E402
 import ballast.torch as bt  # noqa: E402
 import tiny_transformer as tt  # noqa: E402  (examples/, put on sys.path by conftest.py)
+from gloo_workers import run_workers  # noqa: E402
 
 WORLD_SIZE = 4
 GPUS_PER_NODE = 2           # 2 emulated nodes of 2: intra- and inter-node groups
@@ -155,17 +154,7 @@ def _worker(rank: int, init_file: str, out_file: str) -> None:
 
 def _run_workers(tmp_path: Path) -> dict:
     out_file = tmp_path / "results.json"
-    # fork: the workers inherit the imported torch (spawn re-imports it: ~5 s on 2 cores)
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
-    context = torch_mp.start_processes(_worker, args=(str(tmp_path / "init"), str(out_file)),
-                                       nprocs=WORLD_SIZE, join=False, start_method=method)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            pytest.fail(f"the {WORLD_SIZE} gloo workers did not finish in {TIMEOUT_S} s")
+    run_workers(_worker, (str(tmp_path / "init"), str(out_file)), WORLD_SIZE, TIMEOUT_S)
     return json.loads(out_file.read_text())
 
 

@@ -37,7 +37,7 @@ constexpr int kLargestTag = 32767;  // the smallest MPI_TAG_UB the MPI standard 
 int tag_of(int group, int phase) {
   const int tag = kTagsPerGroup * group + phase;
   BALLAST_CHECK(tag <= kLargestTag,
-                "too many groups in one micro-batch for MPI tags (at most 2047)");
+                "too many groups in one micro-batch for MPI tags (at most 2048)");
   return tag;
 }
 
