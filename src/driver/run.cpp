@@ -77,10 +77,11 @@ std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
   if (options.settings.steps < 1) {
     throw InputError(fmt::format("--steps {} must be at least 1", options.settings.steps));
   }
-  const auto cost = make_cost_model(
-      load_cost_model_spec("analytical"),
-      emulated_cluster(runtime::planning_model(options.model), ranks, options.gpus_per_node, options.rank_tokens),
-      runtime::planning_model(options.model));
+  // planning_model() initialises the whole parameter vector to count it: once.
+  const Model model = runtime::planning_model(options.model);
+  const auto cost = make_cost_model(load_cost_model_spec("analytical"),
+                                    emulated_cluster(model, ranks, options.gpus_per_node, options.rank_tokens),
+                                    model);
   const SimulatorEvaluator evaluator(*cost);
   const Dataset dataset = load_dataset(options.settings.dataset);
   BatchSampler sampler(dataset, options.settings.sampler);

@@ -20,7 +20,7 @@ namespace {
 /// The linear modules' intervals of a micro-batch on this rank: [start, end) minus the
 /// engine's attention calls (what forward_backward computes between them).
 void add_linear_events(int rank, int micro_batch, double start_s, double end_s,
-                       const std::vector<CommunicationStats::Interval>& attention_calls,
+                       const std::vector<WallInterval>& attention_calls,
                        double origin_s, std::vector<TraceEvent>& events) {
   double from = start_s;
   const auto add = [&](double to) {

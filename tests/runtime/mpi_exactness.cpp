@@ -18,8 +18,6 @@
 #include "ballast/emulated_cluster.hpp"
 #include "ballast/error.hpp"
 #include "ballast/runtime/model.hpp"
-#include "ballast/runtime/mpi.hpp"
-#include "ballast/runtime/plan_engine.hpp"
 #include "ballast/runtime/emulation.hpp"
 #include "ballast/runtime/step.hpp"
 #include "ballast/simulator.hpp"
@@ -45,9 +43,9 @@ int main(int argc, char** argv) {
     config.ffn_hidden = 48;
     const Parameters parameters = init_parameters(config, 7);
     // The cluster and model `ballast run` plans with, memory for ~160 tokens per rank.
+    const Model model = planning_model(config);
     const auto cost = make_cost_model(load_cost_model_spec("analytical"),
-                                      emulated_cluster(planning_model(config), ranks, 2, 160),
-                                      planning_model(config));
+                                      emulated_cluster(model, ranks, 2, 160), model);
     const Tokens capacity = cost->token_capacity_per_rank();
     // One-token documents, odd lengths, and (batch 0 only) a document longer than one
     // rank's memory budget: a strategy runs batch 0 when it can hold that document (see

@@ -27,10 +27,12 @@ struct CommunicationStats {
   std::int64_t inter_node_bytes_sent = 0;
   double wait_s = 0;      ///< wall time blocked in MPI waits and collectives
   double wait_cpu_s = 0;  ///< thread CPU time spent inside them (MPI polls while it waits)
-  struct Interval {
-    double start_s;  ///< MPI_Wtime
-    double duration_s;
-  };
+};
+
+/// A span of wall time: start (an MPI_Wtime) and duration, in seconds.
+struct WallInterval {
+  double start_s = 0;
+  double duration_s = 0;
 };
 
 /// This thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): what "busy" counts, so it
@@ -66,7 +68,7 @@ class PlanAttentionEngine final : public AttentionEngine {
   /// attention_calls() gets every forward/backward call (the linear modules run between).
   void record_trace(double origin_s);
   const std::vector<TraceEvent>& events() const { return events_; }
-  const std::vector<CommunicationStats::Interval>& attention_calls() const { return attention_calls_; }
+  const std::vector<WallInterval>& attention_calls() const { return attention_calls_; }
 
   /// Test-only (BALLAST_FAULT, fault.hpp): `hook` runs once, at the first point of this
   /// micro-batch where this rank has point-to-point messages in flight (a ring shift or a
@@ -142,7 +144,7 @@ class PlanAttentionEngine final : public AttentionEngine {
   const char* segment_pass_ = "";
   double segment_start_s_ = 0;
   std::vector<TraceEvent> events_;
-  std::vector<CommunicationStats::Interval> attention_calls_;
+  std::vector<WallInterval> attention_calls_;
 };
 
 }  // namespace ballast::runtime
