@@ -59,11 +59,13 @@ Dataset load_dataset(const std::string& name_or_path);
 
 /// What the sampler does with documents longer than max_context_tokens.
 enum class OverContextPolicy {
-  drop,      ///< skip them (the papers' choice; the default)
-  truncate,  ///< cut them to max_context_tokens
+  split,     ///< cut them into limit-length pieces, each its own sequence (what training
+             ///< pipelines do; the default): no token is lost
+  drop,      ///< skip them (the papers' evaluations; their scenarios say so explicitly)
+  truncate,  ///< keep the first limit tokens, lose the rest
   error,     ///< stop with an InputError naming the document
 };
-OverContextPolicy parse_over_context_policy(const std::string& text);  // "drop|truncate|error"
+OverContextPolicy parse_over_context_policy(const std::string& text);  // "split|drop|truncate|error"
 std::string to_string(OverContextPolicy policy);
 
 /// How documents are drawn from the dataset.
@@ -80,7 +82,7 @@ struct SamplerOptions {
   std::optional<Tokens> tokens_per_step;       ///< add documents while the total stays <= this
   std::optional<std::int64_t> batch_size;      ///< documents per step
   Tokens max_context_tokens = 131072;
-  OverContextPolicy over_context = OverContextPolicy::drop;
+  OverContextPolicy over_context = OverContextPolicy::split;
   SamplingOrder order = SamplingOrder::random;
   std::uint64_t seed = 0;
 };
@@ -110,7 +112,15 @@ struct SamplerStats {
   std::int64_t dropped_documents = 0;
   Tokens dropped_tokens = 0;
   std::int64_t truncated_documents = 0;
+  Tokens truncated_tokens = 0;  ///< tokens cut off the truncated documents (lost)
+  std::int64_t split_documents = 0;  ///< documents cut into pieces (no token lost)
+  std::int64_t split_pieces = 0;     ///< the pieces they became (sequences of the batches)
 };
+
+/// One line for a person, or "" when the sampler dropped, truncated and split nothing:
+/// "7 documents longer than --max-context 131,072 were split into 17 pieces (1,253,417
+/// tokens kept; --over-context split)". Callers print it as a warning.
+std::string over_context_warning(const SamplerOptions& options, const SamplerStats& stats);
 
 /// The sampler's random source, exposed for tests and for any part that needs draws that
 /// are identical on every platform: splitmix64 (Steele, Lea, Flood 2014) advancing `state`.
@@ -135,6 +145,10 @@ class BatchSampler {
  private:
   Tokens draw_document_tokens();
   const Dataset& dataset_;
+  /// Tokens of a split document not yet placed: its next pieces (of the document limit,
+  /// the last one shorter) come before any new draw; a piece that does not fit a step's
+  /// token budget opens the next step.
+  Tokens pending_tokens_ = 0;
   SamplerOptions options_;
   SamplerStats stats_;
   std::uint64_t rng_state_ = 0;

@@ -105,7 +105,7 @@ def datasets() -> List[Tuple[str, str]]:
 def sample_batches(dataset: str = "wlbllm", *, tokens_per_step: Optional[int] = 1 << 20,
                    batch_size: Optional[int] = None, steps: int = 1, seed: int = 0,
                    max_context_tokens: int = 131072, order: str = "random",
-                   over_context: str = "drop") -> List[Any]:
+                   over_context: str = "split") -> List[Any]:
     """Draw global batches of document lengths from a bundled dataset or a length file.
 
     Exactly one of ``tokens_per_step`` and ``batch_size`` is used (``batch_size`` wins when

@@ -29,7 +29,11 @@ std::string over_context_text(const CompareResult& result) {
     text += fmt::format(", dropped {} ({} tokens)", with_thousands(stats.dropped_documents),
                         with_thousands(stats.dropped_tokens));
   } else if (sampler.over_context == OverContextPolicy::truncate) {
-    text += fmt::format(", truncated {}", with_thousands(stats.truncated_documents));
+    text += fmt::format(", truncated {} ({} tokens lost)", with_thousands(stats.truncated_documents),
+                        with_thousands(stats.truncated_tokens));
+  } else if (sampler.over_context == OverContextPolicy::split) {
+    text += fmt::format(", split {} into {} pieces", with_thousands(stats.split_documents),
+                        with_thousands(stats.split_pieces));
   }
   return text;
 }
@@ -121,6 +125,9 @@ nlohmann::ordered_json compare_to_json(const CompareResult& result) {
       {"dropped_documents", result.sampler_stats.dropped_documents},
       {"dropped_tokens", result.sampler_stats.dropped_tokens},
       {"truncated_documents", result.sampler_stats.truncated_documents},
+      {"truncated_tokens", result.sampler_stats.truncated_tokens},
+      {"split_documents", result.sampler_stats.split_documents},
+      {"split_pieces", result.sampler_stats.split_pieces},
   };
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const auto& r : result.results) {

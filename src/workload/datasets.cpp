@@ -111,8 +111,19 @@ Dataset load_dataset(const std::string& name_or_path) {
                                  name_or_path, known_dataset_names()));
   }
   if (std::filesystem::exists(name_or_path, ignored)) return read_lengths_file(name_or_path);
-  throw InputError(fmt::format("unknown dataset '{}'; known: {} (or pass a length file path)",
-                               name_or_path, known_dataset_names()));
+  // A path (a directory part or an extension) is a file the user meant: say it is missing.
+  // A bare word is a dataset name, perhaps misspelt.
+  if (name_or_path.find_first_of("/\\.") != std::string::npos) {
+    throw InputError(fmt::format("file not found: {} (a length file: one length per line, a "
+                                 "JSON array, or a histogram CSV); check the path",
+                                 name_or_path));
+  }
+  std::vector<std::string> names;
+  for (const DatasetInfo& info : bundled_datasets()) names.push_back(info.name);
+  throw InputError(fmt::format("unknown dataset '{}'{}; known: {} (or the path of a length file; "
+                               "there is no file '{}')",
+                               name_or_path, did_you_mean(name_or_path, names),
+                               known_dataset_names(), name_or_path));
 }
 
 // ---- Batch ----------------------------------------------------------------------------
@@ -170,15 +181,17 @@ Batch make_batch(std::vector<Tokens> lengths_tokens, std::int64_t step) {
 // ---- enum text forms ------------------------------------------------------------------
 
 OverContextPolicy parse_over_context_policy(const std::string& text) {
+  if (text == "split") return OverContextPolicy::split;
   if (text == "drop") return OverContextPolicy::drop;
   if (text == "truncate") return OverContextPolicy::truncate;
   if (text == "error") return OverContextPolicy::error;
   throw InputError(
-      fmt::format("unknown over-context policy '{}'; expected drop, truncate or error", text));
+      fmt::format("unknown over-context policy '{}'; expected split, drop, truncate or error", text));
 }
 
 std::string to_string(OverContextPolicy policy) {
   switch (policy) {
+    case OverContextPolicy::split: return "split";
     case OverContextPolicy::drop: return "drop";
     case OverContextPolicy::truncate: return "truncate";
     case OverContextPolicy::error: return "error";

@@ -4,8 +4,10 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ballast/error.hpp"
+#include "ballast/text.hpp"
 #include "ballast/workload.hpp"
 
 namespace ballast {
@@ -107,11 +109,12 @@ void validate_against_dataset(const Dataset& dataset, const SamplerOptions& opti
                     dataset.name));
   }
   const Tokens shortest = shortest_document_tokens(dataset);
-  const bool truncating = options.over_context == OverContextPolicy::truncate;
+  const bool truncating = options.over_context == OverContextPolicy::truncate ||
+                          options.over_context == OverContextPolicy::split;
   if (!truncating && shortest > options.max_context_tokens) {
     throw InputError(fmt::format(
         "every document of '{}' is longer than --max-context {} (the shortest has {} tokens); "
-        "raise --max-context or pass --over-context truncate",
+        "raise --max-context or pass --over-context split",
         dataset.name, options.max_context_tokens, shortest));
   }
   const Tokens smallest_possible =
@@ -202,7 +205,10 @@ std::string describe_document(const Dataset& dataset, std::int64_t cursor) {
 
 // Token budget: a document that would overflow ends the step. In sequential order it is
 // not consumed and opens the next step; in random order it is discarded (the next step
-// draws afresh), which keeps steps independent of each other.
+// draws afresh), which keeps steps independent of each other. A split document's pieces
+// are sequences of their own: once its first piece is in a step, the others follow in
+// order, and those that do not fit open the next step (in either order), as a training
+// pipeline carries the rest of a cut document into the next batch.
 Batch BatchSampler::next() {
   Batch batch;
   batch.step = step_++;
@@ -229,10 +235,16 @@ Batch BatchSampler::next() {
           "--batch-size, or raise --max-context",
           batch.step, kMaxBatchSequences));
     }
-    Tokens length = draw_document_tokens();
+    const bool from_pending = pending_tokens_ > 0;
+    Tokens length = from_pending ? std::min(pending_tokens_, limit_tokens) : draw_document_tokens();
     bool truncated = false;
-    if (length > limit_tokens) {
+    Tokens rest_tokens = 0;  // a split document's tokens after its first piece
+    if (!from_pending && length > limit_tokens) {
       switch (options_.over_context) {
+        case OverContextPolicy::split:
+          rest_tokens = length - limit_tokens;
+          length = limit_tokens;
+          break;
         case OverContextPolicy::drop:
           ++stats_.dropped_documents;
           stats_.dropped_tokens += length;
@@ -240,25 +252,37 @@ Batch BatchSampler::next() {
           if (++consecutive_drops >= kMaxConsecutiveDrops) {
             throw InputError(fmt::format(
                 "step {}: {} documents of '{}' in a row were longer than {} and dropped; "
-                "raise the limit or pass --over-context truncate",
+                "raise the limit or pass --over-context split",
                 batch.step, kMaxConsecutiveDrops, dataset_.name, binding_limit_flag(options_)));
           }
           continue;
         case OverContextPolicy::truncate:
+          stats_.truncated_tokens += length - limit_tokens;
           length = limit_tokens;
           truncated = true;
           break;
         case OverContextPolicy::error:
           throw InputError(fmt::format(
-              "step {}: {} has {} tokens, more than {}; raise it or pass --over-context drop "
-              "(or truncate)",
+              "step {}: {} has {} tokens, more than {}; raise it or pass --over-context split "
+              "(or drop, or truncate)",
               batch.step, describe_document(dataset_, cursor_), length,
               binding_limit_flag(options_)));
       }
     }
-    // Never true for the first document: length <= limit_tokens <= tokens_per_step.
+    // Never true for the first sequence of a step: length <= limit_tokens <= tokens_per_step.
+    // A pending piece stays pending and opens the next step; a fresh draw that does not fit
+    // is handled as above (a split document then keeps none of its pieces).
     if (options_.tokens_per_step && total_tokens + length > *options_.tokens_per_step) break;
-    consume();
+    if (from_pending) {
+      pending_tokens_ -= length;
+    } else {
+      consume();
+      if (rest_tokens > 0) {
+        ++stats_.split_documents;
+        stats_.split_pieces += 1 + (rest_tokens + limit_tokens - 1) / limit_tokens;
+        pending_tokens_ = rest_tokens;
+      }
+    }
     consecutive_drops = 0;
     if (truncated) ++stats_.truncated_documents;
     total_tokens += length;
@@ -272,6 +296,32 @@ Batch BatchSampler::next() {
         batch.step, total_tokens, kMaxBatchTokens));
   }
   return batch;
+}
+
+std::string over_context_warning(const SamplerOptions& options, const SamplerStats& stats) {
+  const std::string limit = binding_limit_flag(options);
+  std::vector<std::string> parts;
+  if (stats.dropped_documents > 0) {
+    parts.push_back(fmt::format("{} documents longer than {} were dropped ({} tokens lost; "
+                                "--over-context split keeps them as pieces)",
+                                with_thousands(stats.dropped_documents), limit,
+                                with_thousands(stats.dropped_tokens)));
+  }
+  if (stats.truncated_documents > 0) {
+    parts.push_back(fmt::format("{} documents longer than {} were truncated ({} tokens lost; "
+                                "--over-context split keeps them as pieces)",
+                                with_thousands(stats.truncated_documents), limit,
+                                with_thousands(stats.truncated_tokens)));
+  }
+  if (stats.split_documents > 0) {
+    parts.push_back(fmt::format("{} documents longer than {} were split into {} pieces of at "
+                                "most {} tokens (--over-context split; drop or truncate to "
+                                "change)",
+                                with_thousands(stats.split_documents), limit,
+                                with_thousands(stats.split_pieces),
+                                with_thousands(document_limit_tokens(options))));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 }  // namespace ballast

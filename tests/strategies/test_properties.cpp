@@ -125,8 +125,10 @@ std::vector<Tokens> sampled(std::uint64_t seed, std::uint64_t& state, const Capa
                                         (0.2 + 3.8 * uniform01(state))));
   options.max_context_tokens =
       std::min(uniform01(state) < 0.5 ? capacity.gpu : capacity.cluster, *options.tokens_per_step);
-  options.over_context =
-      uniform01(state) < 0.5 ? OverContextPolicy::drop : OverContextPolicy::truncate;
+  const double policy = uniform01(state);
+  options.over_context = policy < 1.0 / 3   ? OverContextPolicy::drop
+                         : policy < 2.0 / 3 ? OverContextPolicy::truncate
+                                            : OverContextPolicy::split;
   options.order = seed % 3 == 0 ? SamplingOrder::sequential : SamplingOrder::random;
   const Dataset& dataset = bundled(seed / 11);
   if (dataset.is_histogram()) options.order = SamplingOrder::random;

@@ -28,7 +28,7 @@ TEST(ClosestMatch, TyposUsersMake) {
   EXPECT_EQ(closest_match("st", {"static-cp", "static-ulysses"}), "");  // two prefixes, far
   EXPECT_EQ(closest_match("", kClusterKeys), "");
   EXPECT_EQ(closest_match("x", {}), "");
-  EXPECT_EQ(did_you_mean("nics_per_nodes", kClusterKeys), "; did you mean 'nics_per_node'?");
+  EXPECT_EQ(did_you_mean("nics_per_nodes", kClusterKeys), " (did you mean 'nics_per_node'?)");
   EXPECT_EQ(did_you_mean("qqqqqqqq", kClusterKeys), "");
 }
 

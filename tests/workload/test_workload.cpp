@@ -15,64 +15,10 @@
 
 #include "ballast/error.hpp"
 #include "ballast/workload.hpp"
+#include "workload/workload_fixtures.hpp"
 
 namespace ballast {
 namespace {
-
-// Checks that `text` contains `part`, printing the whole text when it does not.
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
-
-/// Writes `contents` to a fresh file in the test temp folder and returns its path. The
-/// process id keeps concurrent test runs (ctest -j, other build folders) apart.
-std::string write_temp_file(const std::string& name, const std::string& contents) {
-  const std::string path =
-      ::testing::TempDir() + "ballast_workload_" + std::to_string(getpid()) + "_" + name;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << contents;
-  return path;
-}
-
-/// The message of the InputError `action` throws, or "" (and a test failure) if none.
-std::string input_error_message(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const InputError& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected an InputError";
-  return "";
-}
-
-std::string read_error(const std::string& name, const std::string& contents) {
-  const std::string path = write_temp_file(name, contents);
-  return input_error_message([&] { read_lengths_file(path); });
-}
-
-const std::string kBundledLengths = std::string(BALLAST_SOURCE_DIR) + "/data/lengths/";
-
-/// Bundled datasets are read once per test binary (wikipedia has 1M lines).
-const Dataset& bundled(const std::string& name) {
-  static std::map<std::string, Dataset> cache;
-  auto it = cache.find(name);
-  if (it == cache.end()) it = cache.emplace(name, load_dataset(name)).first;
-  return it->second;
-}
-
-Dataset lengths_dataset(std::vector<Tokens> lengths) {
-  Dataset dataset;
-  dataset.name = "test";
-  dataset.lengths_tokens = std::move(lengths);
-  return dataset;
-}
-
-SamplerOptions sequential_documents(std::int64_t batch_size, std::uint64_t seed = 0) {
-  SamplerOptions options;
-  options.batch_size = batch_size;
-  options.order = SamplingOrder::sequential;
-  options.seed = seed;
-  return options;
-}
 
 // ---- readers: formats -------------------------------------------------------------------
 
@@ -255,8 +201,13 @@ TEST(Datasets, LoadByNameAndPath) {
 TEST(Datasets, UnknownName) {
   const std::string message = input_error_message([] { load_dataset("wikipedai"); });
   EXPECT_EQ(message,
-            "unknown dataset 'wikipedai'; known: wlbllm, prolong, wikipedia, magi (or pass a "
-            "length file path)");
+            "unknown dataset 'wikipedai' (did you mean 'wikipedia'?); known: wlbllm, prolong, "
+            "wikipedia, magi (or the path of a length file; there is no file 'wikipedai')");
+  // A path is a file the user meant, not a dataset name.
+  EXPECT_EQ(input_error_message([] { load_dataset("nosuch.txt"); }),
+            "file not found: nosuch.txt (a length file: one length per line, a JSON array, or a "
+            "histogram CSV); check the path");
+  EXPECT_CONTAINS(input_error_message([] { load_dataset("data/none"); }), "file not found: data/none");
 }
 
 TEST(Datasets, DataDirFollowsEnvironment) {
@@ -292,14 +243,15 @@ TEST(Batches, MakeBatch) {
 
 TEST(Batches, EnumTextRoundTrips) {
   for (auto policy :
-       {OverContextPolicy::drop, OverContextPolicy::truncate, OverContextPolicy::error}) {
+       {OverContextPolicy::split, OverContextPolicy::drop, OverContextPolicy::truncate,
+        OverContextPolicy::error}) {
     EXPECT_EQ(parse_over_context_policy(to_string(policy)), policy);
   }
   for (auto order : {SamplingOrder::random, SamplingOrder::sequential}) {
     EXPECT_EQ(parse_sampling_order(to_string(order)), order);
   }
   EXPECT_CONTAINS(input_error_message([] { parse_over_context_policy("cut"); }),
-                  "'cut'; expected drop, truncate or error");
+                  "'cut'; expected split, drop, truncate or error");
   EXPECT_CONTAINS(input_error_message([] { parse_sampling_order("shuffled"); }),
                   "'shuffled'; expected random or sequential");
 }
@@ -385,6 +337,7 @@ TEST(SamplerOptions, UnfillableSteps) {
   const Dataset dataset = lengths_dataset({500, 300, 800});
   SamplerOptions small_context = sequential_documents(2);
   small_context.max_context_tokens = 100;
+  small_context.over_context = OverContextPolicy::drop;
   EXPECT_CONTAINS(input_error_message([&] { BatchSampler(dataset, small_context); }),
                   "every document of 'test' is longer than --max-context 100 (the "
                   "shortest has 300 tokens)");
@@ -442,6 +395,7 @@ TEST(Sampler, RandomTokenBudget) {
   SamplerOptions options;
   options.tokens_per_step = 65'536;
   options.max_context_tokens = 32'768;
+  options.over_context = OverContextPolicy::drop;
   BatchSampler sampler(bundled("wikipedia"), options);
   for (int step = 0; step < 20; ++step) {
     const Batch batch = sampler.next();
@@ -502,77 +456,6 @@ TEST(Sampler, BatchSizeIsExact) {
   }
 }
 
-// ---- sampler: over-context policies -----------------------------------------------------
-
-TEST(SamplerPolicies, Drop) {
-  const Dataset dataset = lengths_dataset({10, 500, 20, 30, 600, 40});
-  SamplerOptions options = sequential_documents(4);
-  options.max_context_tokens = 100;
-  BatchSampler sampler(dataset, options);
-  EXPECT_EQ(sampler.next().lengths_tokens, (std::vector<Tokens>{10, 20, 30, 40}));
-  EXPECT_EQ(sampler.stats().dropped_documents, 2);
-  EXPECT_EQ(sampler.stats().dropped_tokens, 1'100);
-  EXPECT_EQ(sampler.stats().truncated_documents, 0);
-}
-
-TEST(SamplerPolicies, Truncate) {
-  const Dataset dataset = lengths_dataset({10, 500, 20, 30, 600, 40});
-  SamplerOptions options = sequential_documents(6);
-  options.max_context_tokens = 100;
-  options.over_context = OverContextPolicy::truncate;
-  BatchSampler sampler(dataset, options);
-  EXPECT_EQ(sampler.next().lengths_tokens, (std::vector<Tokens>{10, 100, 20, 30, 100, 40}));
-  EXPECT_EQ(sampler.stats().truncated_documents, 2);
-  EXPECT_EQ(sampler.stats().dropped_documents, 0);
-}
-
-TEST(SamplerPolicies, TruncateToTokenBudgetCountsOnlyKeptDocuments) {
-  SamplerOptions options;
-  options.tokens_per_step = 200;
-  options.order = SamplingOrder::sequential;
-  options.over_context = OverContextPolicy::truncate;
-  const Dataset dataset = lengths_dataset({50, 300});
-  BatchSampler sampler(dataset, options);
-  EXPECT_EQ(sampler.next().lengths_tokens, (std::vector<Tokens>{50}));
-  EXPECT_EQ(sampler.stats().truncated_documents, 0);  // 300 overflowed, was not kept
-  EXPECT_EQ(sampler.next().lengths_tokens, (std::vector<Tokens>{200}));
-  EXPECT_EQ(sampler.stats().truncated_documents, 1);
-}
-
-TEST(SamplerPolicies, ErrorNamesTheDocument) {
-  const Dataset dataset = lengths_dataset({10, 500, 20});
-  SamplerOptions options = sequential_documents(3);
-  options.max_context_tokens = 100;
-  options.over_context = OverContextPolicy::error;
-  BatchSampler sampler(dataset, options);
-  const std::string message = input_error_message([&] { sampler.next(); });
-  EXPECT_CONTAINS(message,
-                  "document 1 of 'test' has 500 tokens, more than --max-context "
-                  "100");
-  EXPECT_CONTAINS(message, "--over-context drop");
-
-  SamplerOptions budget;
-  budget.tokens_per_step = 200;
-  budget.over_context = OverContextPolicy::error;
-  budget.order = SamplingOrder::sequential;
-  BatchSampler budget_sampler(dataset, budget);
-  EXPECT_CONTAINS(input_error_message([&] { budget_sampler.next(); }),
-                  "more than --tokens-per-step 200");
-}
-
-TEST(SamplerPolicies, StarvedRandomStepStops) {
-  // One document in 10^15 fits the context: the sampler gives up instead of spinning.
-  Dataset dataset;
-  dataset.name = "skewed";
-  dataset.histogram = {{1, 1, 1}, {1'000, 2'000, 1'000'000'000'000'000}};
-  SamplerOptions options;
-  options.batch_size = 1;
-  options.max_context_tokens = 100;
-  BatchSampler sampler(dataset, options);
-  EXPECT_CONTAINS(input_error_message([&] { sampler.next(); }),
-                  "documents of 'skewed' in a row were longer than --max-context 100");
-}
-
 // ---- sampler: histograms ----------------------------------------------------------------
 
 TEST(SamplerHistogram, DrawsFollowBinFrequencies) {
@@ -609,6 +492,7 @@ TEST(SamplerGuards, RareShortDocumentsStopWithAClearErrorInsteadOfLooping) {
   SamplerOptions options;
   options.tokens_per_step = 1'000'000;
   options.max_context_tokens = 1;
+  options.over_context = OverContextPolicy::drop;
   BatchSampler sampler(dataset, options);
   try {
     sampler.next();
