@@ -159,6 +159,9 @@ Bytes saturating_bytes(double bytes);
 /// Returns the spec JSON; throws InputError listing the known names.
 nlohmann::json load_cost_model_spec(const std::string& name_or_file);
 std::vector<std::string> cost_model_names();
+/// One line for `ballast list cost-models`: what the named cost model is and where it
+/// applies; throws InputError for a name not in cost_model_names().
+std::string cost_model_description(const std::string& name);
 /// Builds a cost model from a spec; throws InputError if the spec is malformed or a
 /// profiled spec was made for another model.
 std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Cluster& cluster,

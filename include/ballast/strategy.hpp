@@ -93,6 +93,11 @@ struct StrategySpec {
 /// repeated key, a degree that is not a positive integer, or a value the planner's
 /// check_options() rejects.
 StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& base = {});
+/// Checks a parsed spec's options against the cluster and model before any batch is
+/// planned (a degree that does not divide the ranks or the KV heads...): throws InputError
+/// naming the spec and the valid values. A strategy that merely cannot run some batch is
+/// not an error here (plan() raises PlanningError for that batch).
+void check_strategy_spec(const StrategySpec& spec, const CostModel& cost);
 
 /// The value of a spec parameter, or `fallback` when the spec did not set it.
 std::string parameter_or(const PlannerOptions& options, const std::string& key,

@@ -18,7 +18,7 @@ std::string with_thousands(std::int64_t value);
 /// answer is deterministic.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
-/// "; did you mean 'nics_per_node'?" for the closest_match(), or "" when there is none:
+/// " (did you mean 'nics_per_node'?)" for the closest_match(), or "" when there is none:
 /// appended to the message of an unknown key, flag, preset, dataset or strategy.
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
 

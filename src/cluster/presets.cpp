@@ -5,6 +5,7 @@
 
 #include "ballast/cluster.hpp"
 #include "ballast/error.hpp"
+#include "ballast/text.hpp"
 
 namespace ballast {
 
@@ -124,7 +125,8 @@ Cluster cluster_preset(const std::string& name) {
   if (name == "a800-roce") return a800_roce();
   if (name == "h100") return h100();
   if (name == "h200") return h200();
-  throw InputError(fmt::format("unknown cluster preset '{}'; known presets: {}", name,
+  throw InputError(fmt::format("unknown cluster preset '{}'{}; known presets: {}", name,
+                               did_you_mean(name, cluster_preset_names()),
                                fmt::join(cluster_preset_names(), ", ")));
 }
 

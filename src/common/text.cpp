@@ -76,7 +76,7 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
 
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
   const std::string match = closest_match(word, candidates);
-  return match.empty() ? "" : fmt::format("; did you mean '{}'?", match);
+  return match.empty() ? "" : fmt::format(" (did you mean '{}'?)", match);
 }
 
 }  // namespace ballast

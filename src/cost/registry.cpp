@@ -9,6 +9,7 @@
 #include "ballast/cost_model.hpp"
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
+#include "ballast/text.hpp"
 
 namespace ballast {
 
@@ -194,6 +195,23 @@ std::vector<std::string> cost_model_names() {
   std::vector<std::string> names = {kAnalytical};
   for (const std::string& name : profiled_preset_names()) names.push_back(name);
   return names;
+}
+
+std::string cost_model_description(const std::string& name) {
+  if (name == kAnalytical) {
+    return "roofline from the cluster's GPU and link figures and the model's shapes: attention "
+           "by causal tiles, linear layers by FLOPs, collectives by bandwidth and latency "
+           "(docs/cost-model.md); any cluster, any model";
+  }
+  if (name == "flexsp-a100-192k" || name == "flexsp-a100-384k") {
+    return fmt::format("FlexSP's published A100-40GB coefficients ({} context): quadratic "
+                       "attention + linear per-token time, all-to-all bandwidth per degree, 30 GB "
+                       "per GPU; for the models gpt-7b, gpt-13b and gpt-30b",
+                       name == "flexsp-a100-192k" ? "192K" : "384K");
+  }
+  throw InputError(fmt::format("unknown cost model '{}'{}; known: {}", name,
+                               did_you_mean(name, cost_model_names()),
+                               fmt::join(cost_model_names(), ", ")));
 }
 
 nlohmann::json load_cost_model_spec(const std::string& name_or_file) {

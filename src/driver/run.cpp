@@ -86,6 +86,7 @@ std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
   const Dataset dataset = load_dataset(options.settings.dataset);
   BatchSampler sampler(dataset, options.settings.sampler);
   const StrategySpec spec = parse_strategy_spec(options.strategy, options.settings.planner);
+  check_strategy_spec(spec, *cost);  // before any planning, as plan / simulate / compare do
   std::vector<Plan> plans;
   for (int step = 0; step < options.settings.steps; ++step) {
     std::vector<Tokens> lengths = sampler.next().lengths_tokens;
@@ -119,25 +120,36 @@ std::vector<Plan> acquire_plans(const RunOptions& options, int ranks) {
   return options.plan_path.empty() ? sample_and_plan(options, ranks) : read_plans(options, ranks);
 }
 
-RunReport run_training(const RunOptions& options, MPI_Comm comm) {
+PreparedRun prepare_run(const RunOptions& options, int ranks) {
+  PreparedRun prepared;
+  prepared.plans = acquire_plans(options, ranks);
+  // Test-only (fault.hpp): a fault that can never fire is a mistake in the test.
+  const std::optional<runtime::FaultInjection> fault = runtime::fault_from_environment();
+  if (fault && (fault->rank >= ranks || fault->step >= static_cast<int>(prepared.plans.size()))) {
+    throw InputError(fmt::format("{}={}: the job has ranks 0-{} and steps 0-{}; the fault would never fire",
+                                 runtime::kFaultVariable, fault->spec, ranks - 1,
+                                 prepared.plans.size() - 1));
+  }
+  prepared.corpus = runtime::load_corpus(options.corpus);
+  prepared.parameters = runtime::init_parameters(options.model, options.settings.sampler.seed);
+  if (prepared.parameters.values.size() > static_cast<std::size_t>(INT_MAX)) {
+    throw InputError(fmt::format("the model has {} parameters; the gradient all-reduce is one MPI message "
+                                 "with an int count (at most {}); use a smaller --hidden, --layers or --ffn",
+                                 prepared.parameters.values.size(), INT_MAX));
+  }
+  return prepared;
+}
+
+RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm comm) {
   int rank = 0, ranks = 1;
   runtime::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   runtime::check_mpi(MPI_Comm_size(comm, &ranks), "MPI_Comm_size");
   // Test-only (fault.hpp): read once, so a step costs one comparison when it is unset.
   const std::optional<runtime::FaultInjection> fault = runtime::fault_from_environment();
-  const std::vector<Plan> plans = acquire_plans(options, ranks);
-  if (fault && (fault->rank >= ranks || fault->step >= static_cast<int>(plans.size()))) {
-    throw InputError(fmt::format("{}={}: the job has ranks 0-{} and steps 0-{}; the fault would never fire",
-                                 runtime::kFaultVariable, fault->spec, ranks - 1, plans.size() - 1));
-  }
-
-  const runtime::Corpus corpus = runtime::load_corpus(options.corpus);
-  runtime::Parameters parameters = runtime::init_parameters(options.model, options.settings.sampler.seed);
-  if (parameters.values.size() > static_cast<std::size_t>(INT_MAX)) {
-    throw InputError(fmt::format("the model has {} parameters; the gradient all-reduce is one MPI message "
-                                 "with an int count (at most {}); use a smaller --hidden, --layers or --ffn",
-                                 parameters.values.size(), INT_MAX));
-  }
+  const std::vector<Plan>& plans = prepared.plans;
+  BALLAST_CHECK(!plans.empty(), "run_training needs the plans of prepare_run");
+  const runtime::Corpus& corpus = prepared.corpus;
+  runtime::Parameters& parameters = prepared.parameters;
   runtime::AdamWState adam;
   RunReport report;
   report.strategy = options.plan_path.empty() ? options.strategy : plans.front().strategy;

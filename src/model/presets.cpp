@@ -5,6 +5,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/model.hpp"
+#include "ballast/text.hpp"
 
 namespace ballast {
 
@@ -81,7 +82,8 @@ Model model_preset(const std::string& name) {
   if (name == "llama3-8b") return llama(name, "Llama-3-8B", 32, 4096, 32, 8, 14336, 128256);
   if (name == "llama-13b") return llama(name, "Llama-2-13B", 40, 5120, 40, 40, 13824, 32000);
   if (name == "llama-30b") return llama(name, "LLaMA-1 33B", 60, 6656, 52, 52, 17920, 32000);
-  throw InputError(fmt::format("unknown model preset '{}'; known presets: {}", name,
+  throw InputError(fmt::format("unknown model preset '{}'{}; known presets: {}", name,
+                               did_you_mean(name, model_preset_names()),
                                fmt::join(model_preset_names(), ", ")));
 }
 

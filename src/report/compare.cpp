@@ -68,8 +68,8 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
     try {
       plan = planner.plan(batch, *inputs.cost, spec.options, evaluator);
     } catch (const InputError& error) {
-      // This strategy cannot run this batch (or these options, e.g. a --degree it
-      // cannot use): report it and keep comparing the others. No partial figures.
+      // This strategy cannot run this batch (options it cannot use at all were rejected
+      // before any planning): report it and keep comparing the others. No partial figures.
       StrategyResult failed;
       failed.strategy = name;
       failed.error = error.what();
@@ -97,6 +97,9 @@ CompareResult run_compare(const RunSettings& settings, const CompareProgress& pr
   compare.settings = settings;
   compare.baseline = choose_baseline(settings, names);
   const RunInputs inputs = resolve_inputs(settings);
+  for (const auto& name : names) {  // options the cluster or model rule out: before any planning
+    check_strategy_spec(parse_strategy_spec(name, settings.planner), *inputs.cost);
+  }
   const Cluster& cluster = inputs.cost->cluster();
   compare.dataset_description = fmt::format(
       "{} ({} documents, mean {:.0f} tokens, max {})", inputs.dataset.name,

@@ -6,6 +6,7 @@
 #include "ballast/compare.hpp"
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
+#include "ballast/text.hpp"
 
 namespace ballast {
 
@@ -38,8 +39,8 @@ const Scenario& find_scenario(const std::string& name) {
   if (it == list.end()) {
     std::vector<std::string> names;
     for (const auto& s : list) names.push_back(s.name);
-    throw InputError(fmt::format("unknown scenario '{}'; known: {} (see `ballast list scenarios`)",
-                                 name, fmt::join(names, ", ")));
+    throw InputError(fmt::format("unknown scenario '{}'{}; known: {} (see `ballast list scenarios`)",
+                                 name, did_you_mean(name, names), fmt::join(names, ", ")));
   }
   return *it;
 }

@@ -9,6 +9,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/text.hpp"
 
 // Every strategy, one line each, in registration order (the order of `ballast list
 // strategies`, of compare's tables and of every test that loops over the registry). X(name)
@@ -79,7 +80,8 @@ const Planner& find_planner(const std::string& name) {
     if (planner->name() == name) return *planner;
   }
   throw InputError(
-      fmt::format("unknown strategy '{}'; known: {}", name, fmt::join(planner_names(), ", ")));
+      fmt::format("unknown strategy '{}'{}; known: {}", name, did_you_mean(name, planner_names()),
+                  fmt::join(planner_names(), ", ")));
 }
 
 StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& base) {
@@ -108,7 +110,8 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
     const std::string key = item.substr(0, equals);
     const std::string value = item.substr(equals + 1);
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
-      throw InputError(fmt::format("strategy '{}': unknown parameter '{}'; {}", text, key, known));
+      throw InputError(fmt::format("strategy '{}': unknown parameter '{}'{}; {}", text, key,
+                                   did_you_mean(key, keys), known));
     }
     if (!seen.insert(key).second) {
       throw InputError(fmt::format("strategy '{}': parameter '{}' given twice", text, key));
@@ -123,6 +126,17 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
   }
   spec.planner->check_options(spec.options);
   return spec;
+}
+
+void check_strategy_spec(const StrategySpec& spec, const CostModel& cost) {
+  try {
+    spec.planner->longest_sequence_tokens(cost, spec.options);
+  } catch (const PlanningError&) {
+    throw;
+  } catch (const InputError& error) {
+    if (spec.text == spec.planner->name()) throw;  // the message names the strategy
+    throw InputError(fmt::format("strategy '{}': {}", spec.text, error.what()));
+  }
 }
 
 std::string parameter_or(const PlannerOptions& options, const std::string& key,

@@ -28,7 +28,7 @@ done
 # --- compare on defaults (the README's main command) ---
 code=$(run "$work/compare.txt" "$work/err" "$ballast" compare --steps 1)
 check "compare exits 0" test "$code" = 0
-check "compare names the over-context policy" has "$work/compare.txt" "policy drop"
+check "compare names the over-context policy" has "$work/compare.txt" "policy split"
 for s in packed-dp static-cp hybrid-dp static-ulysses; do check "compare row $s" has "$work/compare.txt" "$s"; done
 
 code=$(run "$work/compare.json" "$work/err" "$ballast" compare --steps 1 --format json)
@@ -168,6 +168,43 @@ expect_error "unknown dataset" "wlbllm" compare --dataset nope
 expect_error "unknown scenario" "default" compare --scenario nope
 expect_error "unknown cost model" "analytical" compare --cost-model nope
 expect_error "missing lengths file" "no-such-file" compare --lengths "$work/no-such-file.txt"
+expect_error "missing lengths file says so" "file not found: nosuch.txt" compare --lengths nosuch.txt
+check "missing lengths file is not called a dataset" bash -c "! grep -q 'unknown dataset' '$work/err'"
+# "did you mean": flags, presets, datasets, strategies, parameters, scenarios, lists.
+expect_error "misspelt flag" "unknown flag --datset (did you mean '--dataset'?)" compare --datset prolong
+expect_error "--strategy on compare" "did you mean '--strategies'?" compare --strategy zeppelin
+expect_error "misspelt strategy" "(did you mean 'zeppelin'?)" compare --strategies zepelin
+expect_error "misspelt parameter" "(did you mean 'degree'?)" compare --strategies static-ulysses:dgree=4
+expect_error "misspelt dataset" "(did you mean 'wlbllm'?)" compare --dataset wlbllmm
+expect_error "misspelt scenario" "(did you mean 'default'?)" compare --scenario defualt
+expect_error "misspelt list" "(did you mean 'strategies'?)" list strategy
+# A parameter value the cluster or model rules out is a usage error in every subcommand,
+# before any planning (compare used to print a "cannot run" row and exit 0).
+for cmd in compare simulate plan; do
+  flag=--strategies; [ "$cmd" = compare ] || flag=--strategy
+  expect_error "$cmd rejects an invalid degree" "strategy 'static-ulysses:degree=12': --degree 12 is not valid" \
+    "$cmd" "$flag" static-ulysses:degree=12 --steps 1
+done
+# compare with no strategy that could run: exit 2, each reason once; with one that ran: 0.
+expect_error "compare where nothing ran" "no strategy could run: packed-dp cannot run" compare --strategies packed-dp --steps 1
+code=$(run "$work/out" "$work/err" "$ballast" compare --strategies packed-dp,hybrid-dp --baseline packed-dp --steps 1 --format csv)
+check "compare with a failing baseline exits 0" test "$code" = 0
+check "failing baseline: empty figures" has "$work/out" '^packed-dp,,,,,,,,,,"packed-dp cannot run'
+check "failing baseline: no speedups" bash -c "grep -q '^hybrid-dp,[0-9.e+-]*,[0-9.e+-]*,[0-9.e+-]*,,' '$work/out'"
+# --over-context split is the default: long documents become pieces, and a warning says so.
+printf '300000\n1000\n2000\n' > "$work/long.txt"
+code=$(run "$work/out" "$work/err" "$ballast" compare --lengths "$work/long.txt" --batch-size 3 --sampling sequential --steps 1 --strategies static-cp)
+check "split default exits 0" test "$code" = 0
+check "split default is in the header" has "$work/out" "policy split, split 1 into 3 pieces"
+check "split warns on stderr" has "$work/err" "ballast: warning: 1 documents longer than --max-context 131072 were split into 3 pieces"
+code=$(run "$work/out" "$work/err" "$ballast" simulate --lengths "$work/long.txt" --batch-size 3 --sampling sequential --strategy static-cp --over-context drop)
+check "drop warns on stderr" has "$work/err" "ballast: warning: 2 documents longer than --max-context 131072 were dropped (600,000 tokens lost"
+# --version and the cost models' descriptions.
+code=$(run "$work/out" "$work/err" "$ballast" --version)
+check "--version exits 0" test "$code" = 0
+check "--version prints the version" has "$work/out" "^ballast [0-9][0-9.]*$"
+"$ballast" list cost-models > "$work/out"
+check "list describes every cost model" bash -c "! grep -qE '^  [a-z0-9-]+ *$' '$work/out'"
 expect_error "negative length" "negative.txt" compare --lengths "$work/negative.txt"
 expect_error "garbage length" "garbage.txt" compare --lengths "$work/garbage.txt"
 expect_error "zero length" "zero.txt" compare --lengths "$work/zero.txt"
@@ -180,7 +217,7 @@ expect_error "bad strategy parameter value" "refine=maybe" compare --strategies 
 expect_error "ablation flag without zeppelin" "--no-routing applies" plan --strategy static-cp --no-routing
 expect_error "zeppelin degree without even split" "partition=even" compare --strategies zeppelin:degree=8 --steps 1
 expect_error "ablation with strategies" "--ablation" compare --ablation --strategies zeppelin
-expect_error "context too short to fill a batch" "--max-context 1" compare --max-context 1 --steps 1
+expect_error "context too short to fill a batch" "raise --max-context" compare --max-context 1 --steps 1
 /usr/bin/python3 - "$source_dir/data/presets/example-cluster.json" "$work/impossible.json" <<'PY'
 import json, sys
 cluster = json.load(open(sys.argv[1]))

@@ -84,9 +84,12 @@ run plan-good "" -np 2 "$ballast" run --plan "$work/good.json"
 check "a matching plan runs" test "$code" = 0
 check "a matching plan reports its step" has "$work/plan-good.out" "step 0:"
 
-rejected() {  # rejected CASE MESSAGE: exit 2 (bad input), the message, no step ran
+rejected() {  # rejected CASE MESSAGE: exit 2 (bad input), the message once, no step ran
   check "$1 exits 2" test "$code" = 2
   check "$1 says why" has "$work/$1.err" "$2"
+  check "$1 says it once" test "$(grep -c 'ballast run: error' "$work/$1.err")" = 1
+  check "$1 names the ranks" has "$work/$1.err" "error on rank 0 (and every other rank)"
+  check "$1 does not abort" bash -c "! grep -q MPI_ABORT '$work/$1.err'"
   check "$1 runs no step" test ! -s "$work/$1.out"
 }
 run plan-ranks "" -np 4 "$ballast" run --plan "$work/good.json"

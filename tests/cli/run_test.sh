@@ -64,4 +64,15 @@ code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --corpus "$work/no-such-
 check "missing corpus exits non-zero (no hang)" test "$code" != 0 -a "$code" != 124
 check "missing corpus names the path" has "$work/err" "no-such-corpus"
 
+# scripts/ballast-run (the README's line): mpirun with the flags this machine needs; more
+# ranks than cores on this 2-core machine, so --oversubscribe is needed.
+wrapper="$(dirname "${BASH_SOURCE[0]}")/../../scripts/ballast-run"
+BALLAST="$ballast" MPIRUN="$mpiexec" timeout 120 "$wrapper" 4 --steps 1 --format json >"$work/out" 2>"$work/err"
+check "scripts/ballast-run 4 exits 0" test $? = 0
+check "scripts/ballast-run oversubscribes past the cores" has "$work/err" "--oversubscribe -"
+check "scripts/ballast-run runs 4 ranks" has "$work/out" '"ranks": 4'
+BALLAST="$ballast" MPIRUN="$mpiexec" "$wrapper" four >"$work/out" 2>"$work/err"
+check "scripts/ballast-run without N is a usage error" test $? = 2
+check "scripts/ballast-run says how to call it" has "$work/err" "usage: scripts/ballast-run N"
+
 finish run

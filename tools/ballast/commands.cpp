@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <functional>
@@ -12,11 +13,13 @@
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
 #include "ballast/report.hpp"
 #include "ballast/simulator.hpp"
+#include "ballast/text.hpp"
 #include "plot.hpp"
 
 namespace ballast::cli {
@@ -163,7 +166,7 @@ std::vector<ListSection> list_sections() {
       {"cost-models", "cost models (--cost-model; or a JSON file)",
        [] {
          ListRows rows;
-         for (const auto& name : cost_model_names()) rows.emplace_back(name, "");
+         for (const auto& name : cost_model_names()) rows.emplace_back(name, cost_model_description(name));
          return rows;
        }},
       {"scenarios", "scenarios (ballast compare --scenario NAME)",
@@ -173,6 +176,13 @@ std::vector<ListSection> list_sections() {
          return rows;
        }},
   };
+}
+
+/// One warning line on stderr when the sampler dropped, truncated or split documents (the
+/// text header repeats the counts, but a header field is easy to miss).
+void warn_over_context(const SamplerOptions& options, const SamplerStats& stats) {
+  const std::string warning = over_context_warning(options, stats);
+  if (!warning.empty()) fmt::print(stderr, "ballast: warning: {}\n", warning);
 }
 
 std::unique_ptr<CostModel> cost_model_of(const Plan& plan) {
@@ -193,9 +203,11 @@ int run_list(const std::string& what, std::ostream& out) {
     }
   }
   if (!known) {
-    throw InputError(fmt::format("ballast list {}: unknown list; use datasets, clusters, models, "
+    std::vector<std::string> names;
+    for (const ListSection& section : list_sections()) names.push_back(section.name);
+    throw InputError(fmt::format("ballast list {}: unknown list{}; use datasets, clusters, models, "
                                  "strategies, cost-models or scenarios",
-                                 what));
+                                 what, did_you_mean(what, names)));
   }
   return 0;
 }
@@ -207,6 +219,8 @@ int run_plan(const PlanArgs& args) {
   const RunInputs inputs = resolve_inputs(settings);
   const StrategySpec spec = parse_strategy_spec(
       apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner);
+  check_strategy_spec(spec, *inputs.cost);
+  warn_over_context(settings.sampler, inputs.sampler_stats);
   Output output(args.output.output_path);
   // One plan: its canonical text; several: a JSON array of them.
   const bool several = inputs.batches.size() > 1;
@@ -280,6 +294,8 @@ int run_simulate(const SimulateArgs& args) {
     RunInputs inputs = resolve_inputs(settings);
     const StrategySpec spec = parse_strategy_spec(
         apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner);
+    check_strategy_spec(spec, *inputs.cost);
+    warn_over_context(settings.sampler, inputs.sampler_stats);
     strategy_label = spec.text;
     for (const Batch& batch : inputs.batches) {
       progress.show(fmt::format("planning {} step {}/{}", spec.text, plans.size() + 1,
@@ -389,6 +405,15 @@ int run_compare(const CompareArgs& args) {
     };
   }
   const CompareResult result = ballast::run_compare(settings, on_step);
+  progress.done();
+  warn_over_context(result.settings.sampler, result.sampler_stats);
+  if (std::all_of(result.results.begin(), result.results.end(),
+                  [](const StrategyResult& r) { return !r.error.empty(); })) {
+    // Nothing to compare: a usage error (exit 2), each strategy's reason on one line.
+    std::vector<std::string> reasons;
+    for (const StrategyResult& r : result.results) reasons.push_back(r.error);
+    throw InputError(fmt::format("no strategy could run: {}", fmt::join(reasons, "; ")));
+  }
   auto json = compare_to_json(result);
   if (!args.scenario.empty()) json["settings"]["scenario"] = args.scenario;
   if (!args.plot_path.empty()) {

@@ -1,10 +1,15 @@
 // The `ballast` command line: subcommands list, plan, validate, simulate, compare.
+#include <algorithm>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "ballast/error.hpp"
+#include "ballast/text.hpp"
+#include "ballast/version.hpp"
 #include "commands.hpp"
 
 namespace {
@@ -21,10 +26,43 @@ constexpr const char* kMainFooter = R"(examples:
   ballast list                                      # datasets, clusters, models, strategies, scenarios
 exit codes: 0 ok, 1 invalid plan, 2 bad input or usage, 3 internal error)";
 
+/// For a flag the command does not take ("--datset", "--strategy" on compare): one line
+/// naming it and the nearest flag the command does take; "" when every flag is known.
+std::string unknown_flag_message(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* command = &app;
+  std::string command_name = "ballast";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') continue;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      if (sub->get_name() == word) {
+        command = sub;
+        command_name = "ballast " + word;
+      }
+    }
+    break;  // only the first bare word can be the subcommand
+  }
+  std::vector<std::string> flags = {"--help"};
+  for (const CLI::Option* option : command->get_options()) {
+    for (const std::string& name : option->get_lnames()) flags.push_back("--" + name);
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.rfind("--", 0) != 0 || word.size() == 2) continue;
+    const std::string flag = word.substr(0, word.find('='));
+    if (std::find(flags.begin(), flags.end(), flag) != flags.end()) continue;
+    if (command == &app && flag == "--version") continue;
+    return fmt::format("{}: unknown flag {}{} (see {} --help)", command_name, flag,
+                       ballast::did_you_mean(flag, flags), command_name);
+  }
+  return "";
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"ballast: plan, validate, simulate and compare balanced training steps for LLMs "
                "on variable-length data"};
   app.footer(kMainFooter);
+  app.set_version_flag("--version", std::string("ballast ") + ballast::version());
   app.require_subcommand(1);
 
   std::string list_what;
@@ -128,6 +166,11 @@ int run(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     if (error.get_exit_code() == 0) return app.exit(error);
+    const std::string unknown_flag = unknown_flag_message(app, argc, argv);
+    if (!unknown_flag.empty()) {
+      std::cerr << unknown_flag << "\n";
+      return kExitBadInput;
+    }
     std::cerr << "ballast: " << error.what() << " (see ballast --help)\n";
     return kExitBadInput;
   }

@@ -140,6 +140,27 @@ void reject_flags_without_effect(const RunArgs& args) {
   std::_Exit(code);
 }
 
+/// The job's exit code after set-up: 0 when every rank succeeded, else the worst code of
+/// the failing ranks. The lowest failing rank prints its message once, saying how many
+/// ranks failed. Collective: every rank of MPI_COMM_WORLD calls it.
+int agree_on_setup(int code, const std::string& message, int rank, int ranks) {
+  using runtime::check_mpi;
+  int worst = 0, first = 0, failing = 0;
+  const int mine_first = code != 0 ? rank : ranks;
+  const int mine_failing = code != 0 ? 1 : 0;
+  check_mpi(MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+  if (worst == 0) return 0;
+  check_mpi(MPI_Allreduce(&mine_first, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "MPI_Allreduce");
+  check_mpi(MPI_Allreduce(&mine_failing, &failing, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  if (rank == first) {
+    const std::string others = failing == ranks && ranks > 1 ? " (and every other rank)"
+                               : failing > 1 ? fmt::format(" (and {} other ranks)", failing - 1)
+                                             : "";
+    std::cerr << fmt::format("ballast run: error on rank {}{}: {}\n", rank, others, message);
+  }
+  return worst;
+}
+
 }  // namespace
 
 int run_run(const RunArgs& args) {
@@ -148,13 +169,22 @@ int run_run(const RunArgs& args) {
   // Failing calls return their code to check_mpi, which names the call and the rank
   // before aborting; MPI's default handler would abort without either.
   check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  int rank = 0;
+  int rank = 0, ranks = 1;
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &ranks), "MPI_Comm_size");
+  // Set-up (flags, plans, corpus) communicates nothing and is the same on every rank, so a
+  // bad flag fails on all of them: the ranks agree on the outcome with collectives every
+  // rank reaches, and the lowest failing rank alone prints the error (not one copy per
+  // rank followed by MPI_Abort's banner); every rank then exits with the error's code.
+  driver::RunOptions options = args.options;
+  Format format = Format::text;
+  std::optional<driver::PreparedRun> prepared;
+  int setup_code = 0;
+  std::string setup_error;
   try {
-    const Format format = parse_format(args.output.format);
+    format = parse_format(args.output.format);
     if (format == Format::csv) throw InputError("ballast run prints text or json; use --format text or json");
     reject_flags_without_effect(args);
-    driver::RunOptions options = args.options;
     options.record_trace = !args.trace_path.empty();
     options.settings.steps = args.workload.steps.value_or(1);
     apply_workload_flags(args.workload, options.settings);
@@ -162,12 +192,24 @@ int run_run(const RunArgs& args) {
       options.strategy = apply_ablation_flags(args.workload, {options.strategy}).front();
     }
     if (!args.workload.tokens_per_step && !args.workload.batch_size) {
-      int ranks = 1;
-      check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &ranks), "MPI_Comm_size");
       // Default budget: half of the job's memory, in the dataset's own (unscaled) tokens.
       options.settings.sampler.tokens_per_step = options.rank_tokens * ranks / 2 * options.length_scale;
     }
-    const driver::RunReport report = driver::run_training(options, MPI_COMM_WORLD);
+    prepared = driver::prepare_run(options, ranks);
+  } catch (const InputError& error) {
+    setup_code = kExitBadInput;
+    setup_error = error.what();
+  } catch (const std::exception& error) {
+    setup_code = kExitInternal;
+    setup_error = fmt::format("internal error (please report): {}", error.what());
+  }
+  const int job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
+  if (job_code != 0) {
+    check_mpi(MPI_Finalize(), "MPI_Finalize");
+    return job_code;
+  }
+  try {
+    const driver::RunReport report = driver::run_training(options, std::move(*prepared), MPI_COMM_WORLD);
     if (rank == 0) {
       if (!args.trace_path.empty()) {
         std::ofstream file(args.trace_path, std::ios::binary | std::ios::trunc);

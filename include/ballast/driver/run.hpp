@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include "ballast/plan.hpp"
+#include "ballast/runtime/corpus.hpp"
 #include "ballast/runtime/model.hpp"
 #include "ballast/runtime/step.hpp"
 #include "ballast/settings.hpp"
@@ -62,8 +63,21 @@ struct RunReport {
 /// identically on every rank) or PlanningError.
 std::vector<Plan> acquire_plans(const RunOptions& options, int ranks);
 
-/// Runs on every rank of `comm` (collective). Throws InputError on bad options (before any
-/// communication when the plans do not match the job).
-RunReport run_training(const RunOptions& options, MPI_Comm comm);
+/// What a run needs before its first message: the plans (acquire_plans), the corpus and
+/// the initial parameters.
+struct PreparedRun {
+  std::vector<Plan> plans;
+  runtime::Corpus corpus;
+  runtime::Parameters parameters;
+};
+/// The run's set-up on one rank of `ranks`: acquire_plans(), the BALLAST_FAULT check, the
+/// corpus, the parameters. Communicates nothing and is identical on every rank (same
+/// flags, files and seed), so a caller can let the ranks agree on its outcome with one
+/// collective and report a failure once (tools/ballast/run_command.cpp). Throws InputError
+/// for bad options, plans or files.
+PreparedRun prepare_run(const RunOptions& options, int ranks);
+/// Runs the prepared steps on every rank of `comm` (collective): each step, the check
+/// against the single-process reference, AdamW, the gathered measurements.
+RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm comm);
 
 }  // namespace ballast::driver
