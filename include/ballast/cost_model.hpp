@@ -159,9 +159,16 @@ Bytes saturating_bytes(double bytes);
 /// Returns the spec JSON; throws InputError listing the known names.
 nlohmann::json load_cost_model_spec(const std::string& name_or_file);
 std::vector<std::string> cost_model_names();
-/// Builds a cost model from a spec; throws InputError if the spec is malformed or a
-/// profiled spec was made for another model.
+/// Builds a cost model from a spec; throws InputError if the spec is malformed (an unknown
+/// key included) or a profiled spec was made for another model.
 std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Cluster& cluster,
                                            const Model& model);
+/// Throws InputError "<source>: unknown key ..." (json_file.hpp's reject_unknown_keys) when
+/// `spec`, or an object inside a profiled spec ("<source>: models[1]: ..."), holds a member
+/// its family does not define; a spec without "family" is checked against the profiled
+/// keys, so "famliy" gets its suggestion. Anything else (not an object, a family ballast
+/// does not know, wrong types) is left to make_cost_model(). load_cost_model_spec and
+/// make_cost_model call it; plan_from_json checks a plan's cost_model with it.
+void reject_unknown_cost_model_keys(const nlohmann::json& spec, const std::string& source);
 
 }  // namespace ballast
