@@ -10,6 +10,7 @@
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/version.hpp"
 
 namespace ballast {
 namespace {
@@ -314,8 +315,11 @@ nlohmann::json to_json(const Plan& plan) {
   for (const auto& micro_batch : plan.micro_batches) {
     micro_batches.push_back(micro_batch_to_json(micro_batch));
   }
+  // ballast_version records the writer, for the reader of the file; it is not part of
+  // the Plan (a plan read and written again records the ballast that wrote it last).
   return json{{"format", kPlanFormatName},
               {"version", plan.version},
+              {"ballast_version", version()},
               {"strategy", plan.strategy},
               {"step", plan.step},
               {"cluster", to_json(plan.cluster)},
@@ -331,6 +335,10 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   if (!json.is_object())
     reader.fail(root, "expected a JSON object (a ballast plan), got " + describe(json));
   check_format_and_version(reader, json, root);
+  // Optional: plans written before ballast recorded its version lack it.
+  if (const nlohmann::json* writer = reader.optional_member(json, "ballast_version")) {
+    reader.string(*writer, root.member("ballast_version"));
+  }
   Plan plan;
   plan.version = kPlanFormatVersion;
   plan.strategy = reader.string(reader.member(json, root, "strategy"), root.member("strategy"));

@@ -6,6 +6,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/version.hpp"
 #include "plan/plan_fixtures.hpp"
 
 namespace ballast {
@@ -30,6 +31,7 @@ TEST(PlanJson, Schema) {
   const json out = to_json(full_plan());
   EXPECT_EQ(out["format"], "ballast.plan");
   EXPECT_EQ(out["version"], 1);
+  EXPECT_EQ(out["ballast_version"], version());
   EXPECT_EQ(out["strategy"], "hand-made");
   EXPECT_EQ(out["step"], 3);
   EXPECT_EQ(out["cluster"], to_json(testing::small_cluster()));
@@ -203,6 +205,23 @@ TEST(PlanJson, RoutingChunksAreOptionalAndWrittenOnlyWhenNotOne) {
                 [](json& d) { d["micro_batches"][1]["groups"][0]["routing_chunks"] = 4294967296; }),
             "plan.json: micro_batches[1].groups[0].routing_chunks: integer 4294967296 does not "
             "fit in 32 bits");
+}
+
+TEST(PlanJson, BallastVersionIsWrittenAndOptionalOnReading) {
+  // Every file records the writing ballast (alphabetical order: the first member).
+  const std::string text = plan_to_string(base_plan());
+  const std::string opening = std::string("{\n \"ballast_version\": \"") + version() + "\",\n";
+  EXPECT_EQ(text.rfind(opening, 0), 0u) << text.substr(0, 80);
+  // Plans of the same format version written before it (no key) or by another ballast
+  // read; writing one again records this ballast.
+  json older = to_json(base_plan());
+  older.erase("ballast_version");
+  EXPECT_EQ(plan_to_string(plan_from_json(older, "old.json")), text);
+  json other = to_json(base_plan());
+  other["ballast_version"] = "0.0.1";
+  EXPECT_EQ(plan_to_string(plan_from_json(other, "other.json")), text);
+  EXPECT_EQ(error_after([](json& d) { d["ballast_version"] = 1; }),
+            "plan.json: ballast_version: expected a string, got number 1");
 }
 
 TEST(PlanJson, RealPresetsRoundTrip) {
