@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <span>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -18,6 +20,15 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kPlanFormatName = "ballast.plan";
+
+// The members of each object of a plan (docs/plan-format.md); any other is an error.
+constexpr std::array<std::string_view, 10> kPlanKeys = {
+    "format", "version", "ballast_version", "strategy", "step", "cluster", "model",
+    "cost_model", "sequence_lengths_tokens", "micro_batches"};
+constexpr std::array<std::string_view, 3> kMicroBatchKeys = {"groups", "queues", "linear_layout"};
+constexpr std::array<std::string_view, 5> kGroupKeys = {"scheme", "ranks", "routing_proxies",
+                                                        "routing_chunks", "sequences"};
+constexpr std::array<std::string_view, 3> kSequenceKeys = {"id", "padded_length_tokens", "chunks"};
 
 constexpr std::array<std::pair<Scheme, const char*>, 4> kSchemeNames{{
     {Scheme::local, "local"},
@@ -116,6 +127,16 @@ class Reader {
     return *it;
   }
 
+  /// Fails at `path` on the first member of `object` not in `known_keys`: a misspelt
+  /// optional field must not leave its default in place silently. The path is formatted
+  /// only on failure (this runs on every sequence of the plan).
+  void reject_unknown_members(const json& object, const JsonPath& path,
+                              std::span<const std::string_view> known_keys) const {
+    if (const std::string* key = first_unknown_key(object, known_keys)) {
+      fail(path, unknown_key_message(*key, known_keys));
+    }
+  }
+
   const json* optional_member(const json& object, const char* key) const {
     auto it = object.find(key);
     return it == object.end() ? nullptr : &*it;
@@ -186,6 +207,7 @@ LinearSlice slice_from_json(const Reader& reader, const json& value, const JsonP
 }
 
 SequenceChunks sequence_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  reader.reject_unknown_members(value, path, kSequenceKeys);
   SequenceChunks sequence;
   sequence.sequence_id = reader.integer(reader.member(value, path, "id"), path.member("id"));
   const JsonPath padded_path = path.member("padded_length_tokens");
@@ -222,6 +244,7 @@ Scheme scheme_from_json(const Reader& reader, const json& value, const JsonPath&
 }
 
 AttentionGroup group_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  reader.reject_unknown_members(value, path, kGroupKeys);
   AttentionGroup group;
   group.scheme =
       scheme_from_json(reader, reader.member(value, path, "scheme"), path.member("scheme"));
@@ -253,6 +276,7 @@ std::vector<std::vector<int>> queues_from_json(const Reader& reader, const json&
 }
 
 MicroBatch micro_batch_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  reader.reject_unknown_members(value, path, kMicroBatchKeys);
   MicroBatch micro_batch;
   const JsonPath groups_path = path.member("groups");
   const json& groups = reader.array(reader.member(value, path, "groups"), groups_path);
@@ -290,6 +314,75 @@ void check_format_and_version(const Reader& reader, const json& root, const Json
                             "version {} only; re-create the plan with this ballast",
                             version, kPlanFormatVersion));
   }
+}
+
+/// " (the plan was written by ballast 0.2.0; this is ballast 0.1.0)" when the plan
+/// records another writer, else "": that ballast may write keys or values this one does
+/// not know, which is worth saying next to any reading error.
+std::string other_writer_note(const json& root) {
+  if (!root.is_object()) return "";
+  const auto writer = root.find("ballast_version");
+  if (writer == root.end() || !writer->is_string() || *writer == version()) return "";
+  constexpr std::size_t kMaxShownChars = 40;
+  std::string shown = writer->get<std::string>().substr(0, kMaxShownChars);
+  std::replace_if(shown.begin(), shown.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20; }, '?');  // one line
+  return fmt::format(" (the plan was written by ballast {}; this is ballast {})", shown,
+                     version());
+}
+
+Plan read_plan(const nlohmann::json& json, const std::string& source) {
+  const Reader reader(source);
+  const JsonPath root;
+  if (!json.is_object())
+    reader.fail(root, "expected a JSON object (a ballast plan), got " + describe(json));
+  check_format_and_version(reader, json, root);
+  // Optional: plans written before ballast recorded its version lack it.
+  if (const nlohmann::json* writer = reader.optional_member(json, "ballast_version")) {
+    reader.string(*writer, root.member("ballast_version"));
+  }
+  reader.reject_unknown_members(json, root, kPlanKeys);
+  Plan plan;
+  plan.version = kPlanFormatVersion;
+  plan.strategy = reader.string(reader.member(json, root, "strategy"), root.member("strategy"));
+  plan.step = reader.integer(reader.member(json, root, "step"), root.member("step"));
+  plan.cluster = cluster_from_json(reader.member(json, root, "cluster"), source + ": cluster");
+  plan.model = model_from_json(reader.member(json, root, "model"), source + ": model");
+  const nlohmann::json& cost_model = reader.member(json, root, "cost_model");
+  if (!cost_model.is_object()) {
+    reader.fail(root.member("cost_model"), "expected a JSON object, got " + describe(cost_model));
+  }
+  reject_unknown_cost_model_keys(cost_model, source + ": cost_model");
+  plan.cost_model = cost_model;
+  const JsonPath lengths_path = root.member("sequence_lengths_tokens");
+  const auto& lengths =
+      reader.array(reader.member(json, root, "sequence_lengths_tokens"), lengths_path);
+  if (static_cast<std::int64_t>(lengths.size()) > kMaxBatchSequences) {
+    reader.fail(lengths_path, fmt::format("{} sequences, over ballast's limit of {} per plan; "
+                                          "plan fewer sequences per step",
+                                          lengths.size(), kMaxBatchSequences));
+  }
+  plan.sequence_lengths_tokens.reserve(lengths.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    plan.sequence_lengths_tokens.push_back(reader.integer(lengths[i], lengths_path.element(i)));
+  }
+  const JsonPath batches_path = root.member("micro_batches");
+  const auto& batches = reader.array(reader.member(json, root, "micro_batches"), batches_path);
+  const auto micro_batches = static_cast<std::int64_t>(batches.size());
+  if (micro_batches > kMaxMicroBatches ||
+      micro_batches * plan.cluster.ranks() > kMaxRankMicroBatches) {
+    reader.fail(batches_path,
+                fmt::format("{} micro-batches on {} GPUs, over ballast's limits of {} "
+                            "micro-batches and {} micro-batches x GPUs per plan; split the "
+                            "batch into several steps",
+                            micro_batches, plan.cluster.ranks(), kMaxMicroBatches,
+                            kMaxRankMicroBatches));
+  }
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    plan.micro_batches.push_back(
+        micro_batch_from_json(reader, batches[i], batches_path.element(i)));
+  }
+  return plan;
 }
 
 }  // namespace
@@ -330,55 +423,13 @@ nlohmann::json to_json(const Plan& plan) {
 }
 
 Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
-  const Reader reader(source);
-  const JsonPath root;
-  if (!json.is_object())
-    reader.fail(root, "expected a JSON object (a ballast plan), got " + describe(json));
-  check_format_and_version(reader, json, root);
-  // Optional: plans written before ballast recorded its version lack it.
-  if (const nlohmann::json* writer = reader.optional_member(json, "ballast_version")) {
-    reader.string(*writer, root.member("ballast_version"));
+  try {
+    return read_plan(json, source);
+  } catch (const InputError& error) {
+    const std::string note = other_writer_note(json);
+    if (note.empty()) throw;
+    throw InputError(error.what() + note);
   }
-  Plan plan;
-  plan.version = kPlanFormatVersion;
-  plan.strategy = reader.string(reader.member(json, root, "strategy"), root.member("strategy"));
-  plan.step = reader.integer(reader.member(json, root, "step"), root.member("step"));
-  plan.cluster = cluster_from_json(reader.member(json, root, "cluster"), source + ": cluster");
-  plan.model = model_from_json(reader.member(json, root, "model"), source + ": model");
-  const nlohmann::json& cost_model = reader.member(json, root, "cost_model");
-  if (!cost_model.is_object()) {
-    reader.fail(root.member("cost_model"), "expected a JSON object, got " + describe(cost_model));
-  }
-  plan.cost_model = cost_model;
-  const JsonPath lengths_path = root.member("sequence_lengths_tokens");
-  const auto& lengths =
-      reader.array(reader.member(json, root, "sequence_lengths_tokens"), lengths_path);
-  if (static_cast<std::int64_t>(lengths.size()) > kMaxBatchSequences) {
-    reader.fail(lengths_path, fmt::format("{} sequences, over ballast's limit of {} per plan; "
-                                          "plan fewer sequences per step",
-                                          lengths.size(), kMaxBatchSequences));
-  }
-  plan.sequence_lengths_tokens.reserve(lengths.size());
-  for (std::size_t i = 0; i < lengths.size(); ++i) {
-    plan.sequence_lengths_tokens.push_back(reader.integer(lengths[i], lengths_path.element(i)));
-  }
-  const JsonPath batches_path = root.member("micro_batches");
-  const auto& batches = reader.array(reader.member(json, root, "micro_batches"), batches_path);
-  const auto micro_batches = static_cast<std::int64_t>(batches.size());
-  if (micro_batches > kMaxMicroBatches ||
-      micro_batches * plan.cluster.ranks() > kMaxRankMicroBatches) {
-    reader.fail(batches_path,
-                fmt::format("{} micro-batches on {} GPUs, over ballast's limits of {} "
-                            "micro-batches and {} micro-batches x GPUs per plan; split the "
-                            "batch into several steps",
-                            micro_batches, plan.cluster.ranks(), kMaxMicroBatches,
-                            kMaxRankMicroBatches));
-  }
-  for (std::size_t i = 0; i < batches.size(); ++i) {
-    plan.micro_batches.push_back(
-        micro_batch_from_json(reader, batches[i], batches_path.element(i)));
-  }
-  return plan;
 }
 
 namespace {
