@@ -323,8 +323,13 @@ std::string other_writer_note(const json& root) {
   if (!root.is_object()) return "";
   const auto writer = root.find("ballast_version");
   if (writer == root.end() || !writer->is_string() || *writer == version()) return "";
-  constexpr std::size_t kMaxShownChars = 40;
-  std::string shown = writer->get<std::string>().substr(0, kMaxShownChars);
+  constexpr std::size_t kMaxShownBytes = 40;
+  std::string shown = writer->get<std::string>();
+  if (shown.size() > kMaxShownBytes) {
+    std::size_t cut = kMaxShownBytes;  // not inside a UTF-8 sequence (0b10xxxxxx continues one)
+    while (cut > 0 && (static_cast<unsigned char>(shown[cut]) & 0xC0) == 0x80) --cut;
+    shown = shown.substr(0, cut) + "...";
+  }
   std::replace_if(shown.begin(), shown.end(),
                   [](char c) { return static_cast<unsigned char>(c) < 0x20; }, '?');  // one line
   return fmt::format(" (the plan was written by ballast {}; this is ballast {})", shown,

@@ -280,6 +280,14 @@ TEST(PlanJson, ErrorsNameAnotherWritingBallast) {
                         "reads version 1 only; re-create the plan with this ballast (the plan was "
                         "written by ballast 9.9.9; this is ballast ") +
                 version() + ")");
+  // A long or odd version string stays one short line.
+  EXPECT_EQ(error_after([](json& d) {
+              d["ballast_version"] = "9.9\n" + std::string(100, 'x');
+              d["step"] = "3";
+            }),
+            "plan.json: step: expected an integer, got string \"3\" (the plan was written by "
+            "ballast 9.9?" +
+                std::string(36, 'x') + "...; this is ballast " + version() + ")");
 }
 
 TEST(PlanJson, RealPresetsRoundTrip) {
