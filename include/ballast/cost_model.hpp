@@ -162,9 +162,16 @@ std::vector<std::string> cost_model_names();
 /// One line for `ballast list cost-models`: what the named cost model is and where it
 /// applies; throws InputError for a name not in cost_model_names().
 std::string cost_model_description(const std::string& name);
-/// Builds a cost model from a spec; throws InputError if the spec is malformed or a
-/// profiled spec was made for another model.
+/// Builds a cost model from a spec; throws InputError if the spec is malformed (an unknown
+/// key included) or a profiled spec was made for another model.
 std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Cluster& cluster,
                                            const Model& model);
+/// Throws InputError "<source>: unknown key ..." (json_file.hpp's reject_unknown_keys) when
+/// `spec`, or an object inside a profiled spec ("<source>: models[1]: ..."), holds a member
+/// its family does not define; a spec without "family" is checked against the profiled
+/// keys, so "famliy" gets its suggestion. Anything else (not an object, a family ballast
+/// does not know, wrong types) is left to make_cost_model(). load_cost_model_spec and
+/// make_cost_model call it; plan_from_json checks a plan's cost_model with it.
+void reject_unknown_cost_model_keys(const nlohmann::json& spec, const std::string& source);
 
 }  // namespace ballast

@@ -1,7 +1,9 @@
 // Reading JSON files and fields with errors that name the file and the field.
 #pragma once
 
+#include <span>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +30,23 @@ T required_field(const nlohmann::json& json, const std::string& key, const std::
 template <typename T>
 T optional_field(const nlohmann::json& json, const std::string& key, const T& fallback,
                  const std::string& source);
+
+/// The first member of `object` (in its iteration order: alphabetical for nlohmann's
+/// default objects) whose name is not in `known_keys`; nullptr when there is none or
+/// `object` is not an object.
+const std::string* first_unknown_key(const nlohmann::json& object,
+                                     std::span<const std::string_view> known_keys);
+
+/// "unknown key \"nics_per_nodes\"; did you mean 'nics_per_node'?" (did_you_mean, text.hpp),
+/// or "unknown key \"x\"; the known keys are a, b, c" when no known key is close. One
+/// line: the key is shown JSON-escaped, its first 60 characters at most.
+std::string unknown_key_message(std::string_view key, std::span<const std::string_view> known_keys);
+
+/// Throws InputError "<where>: <unknown_key_message>" for the first member of `object` not
+/// in `known_keys`: a misspelt optional key must not leave its default in place silently.
+/// Does nothing when `object` is not an object (the caller reports the type).
+void reject_unknown_keys(const nlohmann::json& object, std::span<const std::string_view> known_keys,
+                         const std::string& where);
 
 }  // namespace ballast
 

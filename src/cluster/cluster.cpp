@@ -3,7 +3,9 @@
 #include "ballast/cluster.hpp"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,6 +17,14 @@
 namespace ballast {
 
 namespace {
+
+/// Every member cluster_from_json reads (and to_json writes); any other is an error.
+constexpr std::array<std::string_view, 17> kClusterKeys = {
+    "name", "gpu_name", "nodes", "gpus_per_node", "gpu_memory_bytes", "peak_flops_per_s",
+    "matmul_efficiency", "attention_efficiency", "attention_tile_tokens",
+    "memory_usable_fraction", "intra_node_bus_bw_bytes_per_s", "intra_node_p2p_bw_bytes_per_s",
+    "intra_node_latency_s", "nics_per_node", "nic_bw_bytes_per_s", "inter_node_latency_s",
+    "provenance"};
 
 [[noreturn]] void reject(const std::string& source, const std::string& field,
                          const std::string& problem) {
@@ -112,6 +122,8 @@ Cluster cluster_from_json(const nlohmann::json& json, const std::string& source)
     throw InputError(fmt::format("{}: a cluster must be a JSON object; see "
                                  "data/presets/example-cluster.json", source));
   }
+  // First, so that a misspelt required key gets its suggestion, not "missing field".
+  reject_unknown_keys(json, kClusterKeys, source);
   Cluster cluster;
   cluster.name = required_field<std::string>(json, "name", source);
   cluster.gpu_name = required_field<std::string>(json, "gpu_name", source);

@@ -1,14 +1,18 @@
-// read_json_file / read_text_file: file I/O with errors that name the path.
+// read_json_file / read_text_file: file I/O with errors that name the path; unknown keys of
+// a JSON object as errors with a suggestion.
 #include "ballast/json_file.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ballast/error.hpp"
 #include "ballast/limits.hpp"
+#include "ballast/text.hpp"
 
 namespace ballast {
 
@@ -56,6 +60,45 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& path)
   } catch (const nlohmann::json::out_of_range& error) {
     // A number beyond a double's range (1e400) is out_of_range, not a parse_error.
     throw InputError(fmt::format("'{}' is not valid JSON: {}", path, error.what()));
+  }
+}
+
+const std::string* first_unknown_key(const nlohmann::json& object,
+                                     std::span<const std::string_view> known_keys) {
+  if (!object.is_object()) return nullptr;
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    if (std::find(known_keys.begin(), known_keys.end(), it.key()) == known_keys.end()) {
+      return &it.key();
+    }
+  }
+  return nullptr;
+}
+
+std::string unknown_key_message(std::string_view key, std::span<const std::string_view> known_keys) {
+  constexpr std::size_t kMaxShownChars = 60;  // keeps a pasted blob from flooding the message
+  const std::string shown = key.size() > kMaxShownChars
+                                ? std::string(key.substr(0, kMaxShownChars)) + "..."
+                                : std::string(key);
+  // Escaped, so a key holding a newline still gives a one-line message; a cut inside a
+  // UTF-8 sequence is replaced rather than thrown.
+  const std::string quoted =
+      nlohmann::json(shown).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // The edit distance is O(|key| x |candidate|); a key over twice the longest candidate is
+  // more than a third of its length away from every one, so it has no suggestion anyway.
+  std::size_t longest = 0;
+  for (std::string_view known : known_keys) longest = std::max(longest, known.size());
+  std::string hint;
+  if (key.size() <= 2 * longest) {
+    hint = did_you_mean(key, std::vector<std::string>(known_keys.begin(), known_keys.end()));
+  }
+  if (hint.empty()) hint = fmt::format("; the known keys are {}", fmt::join(known_keys, ", "));
+  return fmt::format("unknown key {}{}", quoted, hint);
+}
+
+void reject_unknown_keys(const nlohmann::json& object, std::span<const std::string_view> known_keys,
+                         const std::string& where) {
+  if (const std::string* key = first_unknown_key(object, known_keys)) {
+    throw InputError(fmt::format("{}: {}", where, unknown_key_message(*key, known_keys)));
   }
 }
 

@@ -1,7 +1,9 @@
 // Cost model specs: the names ballast knows ("analytical", FlexSP's profiled presets),
 // the profiled spec JSON (written by ProfiledCostModel::spec, parsed here) and the factory.
 #include <algorithm>
+#include <array>
 #include <filesystem>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,6 +19,16 @@ namespace {
 
 constexpr const char* kAnalytical = "analytical";
 constexpr const char* kProfiledFamily = "profiled";
+
+// The members each spec object may hold: what profiled_spec() and
+// AnalyticalCostModel::spec() write; any other is an error.
+constexpr std::array<std::string_view, 1> kAnalyticalSpecKeys = {"family"};
+constexpr std::array<std::string_view, 6> kProfiledSpecKeys = {
+    "family", "name", "memory_limit_gib", "all_to_all_gb_per_s", "models", "provenance"};
+constexpr std::array<std::string_view, 2> kBandwidthRowKeys = {"degree", "gb_per_s"};
+constexpr std::array<std::string_view, 6> kCoefficientKeys = {
+    "model_name", "a1_ms_per_token2", "a2_ms_per_token", "b1_ms", "activation_mib_per_token",
+    "parameters_gi"};
 
 /// Per-model part of a profiled spec.
 struct ModelCoefficients {
@@ -177,8 +189,21 @@ std::vector<ProfiledCoefficients> parse_profiled_spec(const nlohmann::json& spec
   return sets;
 }
 
-/// "analytical" or "profiled"; throws InputError for anything else.
+/// Checks the members of every object of the array spec[key] (other values are left to
+/// the parser), naming each by its JSON path: "<source>: models[1]".
+void reject_unknown_keys_in_rows(const nlohmann::json& spec, const char* key,
+                                 std::span<const std::string_view> known_keys,
+                                 const std::string& source) {
+  const auto rows = spec.find(key);
+  if (rows == spec.end() || !rows->is_array()) return;
+  for (std::size_t i = 0; i < rows->size(); ++i) {
+    reject_unknown_keys((*rows)[i], known_keys, fmt::format("{}: {}[{}]", source, key, i));
+  }
+}
+
+/// "analytical" or "profiled"; throws InputError for anything else and for unknown keys.
 std::string spec_family(const nlohmann::json& spec, const std::string& source) {
+  reject_unknown_cost_model_keys(spec, source);
   const auto family = required_field<std::string>(spec, "family", source);
   if (family != kAnalytical && family != kProfiledFamily) {
     throw InputError(fmt::format("{}: field 'family' must be \"analytical\" or \"profiled\" "
@@ -188,6 +213,18 @@ std::string spec_family(const nlohmann::json& spec, const std::string& source) {
 }
 
 }  // namespace
+
+void reject_unknown_cost_model_keys(const nlohmann::json& spec, const std::string& source) {
+  if (!spec.is_object()) return;
+  const auto family = spec.find("family");
+  if (family == spec.end() || *family == kProfiledFamily) {
+    reject_unknown_keys(spec, kProfiledSpecKeys, source);
+    reject_unknown_keys_in_rows(spec, "all_to_all_gb_per_s", kBandwidthRowKeys, source);
+    reject_unknown_keys_in_rows(spec, "models", kCoefficientKeys, source);
+  } else if (*family == kAnalytical) {
+    reject_unknown_keys(spec, kAnalyticalSpecKeys, source);
+  }
+}
 
 nlohmann::json ProfiledCostModel::spec() const { return profiled_spec({coefficients_}); }
 

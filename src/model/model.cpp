@@ -3,7 +3,9 @@
 #include "ballast/model.hpp"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,6 +17,11 @@
 namespace ballast {
 
 namespace {
+
+/// Every member model_from_json reads (and to_json writes); any other is an error.
+constexpr std::array<std::string_view, 12> kModelKeys = {
+    "name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
+    "bytes_per_element", "activation_bytes_per_token", "parameters", "provenance"};
 
 /// Weights of the Q and K, V projections of one layer (h*h + 2*h*kv_dim).
 double qkv_weights_per_layer(const Model& model) {
@@ -118,6 +125,8 @@ Model model_from_json(const nlohmann::json& json, const std::string& source) {
     throw InputError(fmt::format("{}: a model must be a JSON object; see "
                                  "data/presets/example-model.json", source));
   }
+  // First, so that a misspelt required key gets its suggestion, not "missing field".
+  reject_unknown_keys(json, kModelKeys, source);
   Model model;
   model.name = required_field<std::string>(json, "name", source);
   model.layers = required_field<int>(json, "layers", source);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <span>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -10,6 +12,7 @@
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/version.hpp"
 
 namespace ballast {
 namespace {
@@ -17,6 +20,15 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kPlanFormatName = "ballast.plan";
+
+// The members of each object of a plan (docs/plan-format.md); any other is an error.
+constexpr std::array<std::string_view, 10> kPlanKeys = {
+    "format", "version", "ballast_version", "strategy", "step", "cluster", "model",
+    "cost_model", "sequence_lengths_tokens", "micro_batches"};
+constexpr std::array<std::string_view, 3> kMicroBatchKeys = {"groups", "queues", "linear_layout"};
+constexpr std::array<std::string_view, 5> kGroupKeys = {"scheme", "ranks", "routing_proxies",
+                                                        "routing_chunks", "sequences"};
+constexpr std::array<std::string_view, 3> kSequenceKeys = {"id", "padded_length_tokens", "chunks"};
 
 constexpr std::array<std::pair<Scheme, const char*>, 4> kSchemeNames{{
     {Scheme::local, "local"},
@@ -115,6 +127,16 @@ class Reader {
     return *it;
   }
 
+  /// Fails at `path` on the first member of `object` not in `known_keys`: a misspelt
+  /// optional field must not leave its default in place silently. The path is formatted
+  /// only on failure (this runs on every sequence of the plan).
+  void reject_unknown_members(const json& object, const JsonPath& path,
+                              std::span<const std::string_view> known_keys) const {
+    if (const std::string* key = first_unknown_key(object, known_keys)) {
+      fail(path, unknown_key_message(*key, known_keys));
+    }
+  }
+
   const json* optional_member(const json& object, const char* key) const {
     auto it = object.find(key);
     return it == object.end() ? nullptr : &*it;
@@ -185,6 +207,7 @@ LinearSlice slice_from_json(const Reader& reader, const json& value, const JsonP
 }
 
 SequenceChunks sequence_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  reader.reject_unknown_members(value, path, kSequenceKeys);
   SequenceChunks sequence;
   sequence.sequence_id = reader.integer(reader.member(value, path, "id"), path.member("id"));
   const JsonPath padded_path = path.member("padded_length_tokens");
@@ -221,6 +244,7 @@ Scheme scheme_from_json(const Reader& reader, const json& value, const JsonPath&
 }
 
 AttentionGroup group_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  reader.reject_unknown_members(value, path, kGroupKeys);
   AttentionGroup group;
   group.scheme =
       scheme_from_json(reader, reader.member(value, path, "scheme"), path.member("scheme"));
@@ -252,6 +276,7 @@ std::vector<std::vector<int>> queues_from_json(const Reader& reader, const json&
 }
 
 MicroBatch micro_batch_from_json(const Reader& reader, const json& value, const JsonPath& path) {
+  reader.reject_unknown_members(value, path, kMicroBatchKeys);
   MicroBatch micro_batch;
   const JsonPath groups_path = path.member("groups");
   const json& groups = reader.array(reader.member(value, path, "groups"), groups_path);
@@ -291,46 +316,37 @@ void check_format_and_version(const Reader& reader, const json& root, const Json
   }
 }
 
-}  // namespace
-
-std::string to_string(Scheme scheme) {
-  for (const auto& [value, name] : kSchemeNames) {
-    if (value == scheme) return name;
+/// " (the plan was written by ballast 0.2.0; this is ballast 0.1.0)" when the plan
+/// records another writer, else "": that ballast may write keys or values this one does
+/// not know, which is worth saying next to any reading error.
+std::string other_writer_note(const json& root) {
+  if (!root.is_object()) return "";
+  const auto writer = root.find("ballast_version");
+  if (writer == root.end() || !writer->is_string() || *writer == version()) return "";
+  constexpr std::size_t kMaxShownBytes = 40;
+  std::string shown = writer->get<std::string>();
+  if (shown.size() > kMaxShownBytes) {
+    std::size_t cut = kMaxShownBytes;  // not inside a UTF-8 sequence (0b10xxxxxx continues one)
+    while (cut > 0 && (static_cast<unsigned char>(shown[cut]) & 0xC0) == 0x80) --cut;
+    shown = shown.substr(0, cut) + "...";
   }
-  BALLAST_CHECK(false, fmt::format("unknown Scheme value {}", static_cast<int>(scheme)));
-  return "";
+  std::replace_if(shown.begin(), shown.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20; }, '?');  // one line
+  return fmt::format(" (the plan was written by ballast {}; this is ballast {})", shown,
+                     version());
 }
 
-Scheme parse_scheme(const std::string& text) {
-  for (const auto& [value, name] : kSchemeNames) {
-    if (text == name) return value;
-  }
-  throw InputError(fmt::format(
-      "unknown attention scheme '{}'; use one of local, ring, all_gather, ulysses", text));
-}
-
-nlohmann::json to_json(const Plan& plan) {
-  json micro_batches = json::array();
-  for (const auto& micro_batch : plan.micro_batches) {
-    micro_batches.push_back(micro_batch_to_json(micro_batch));
-  }
-  return json{{"format", kPlanFormatName},
-              {"version", plan.version},
-              {"strategy", plan.strategy},
-              {"step", plan.step},
-              {"cluster", to_json(plan.cluster)},
-              {"model", to_json(plan.model)},
-              {"cost_model", plan.cost_model},
-              {"sequence_lengths_tokens", plan.sequence_lengths_tokens},
-              {"micro_batches", std::move(micro_batches)}};
-}
-
-Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
+Plan read_plan(const nlohmann::json& json, const std::string& source) {
   const Reader reader(source);
   const JsonPath root;
   if (!json.is_object())
     reader.fail(root, "expected a JSON object (a ballast plan), got " + describe(json));
   check_format_and_version(reader, json, root);
+  // Optional: plans written before ballast recorded its version lack it.
+  if (const nlohmann::json* writer = reader.optional_member(json, "ballast_version")) {
+    reader.string(*writer, root.member("ballast_version"));
+  }
+  reader.reject_unknown_members(json, root, kPlanKeys);
   Plan plan;
   plan.version = kPlanFormatVersion;
   plan.strategy = reader.string(reader.member(json, root, "strategy"), root.member("strategy"));
@@ -341,6 +357,7 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
   if (!cost_model.is_object()) {
     reader.fail(root.member("cost_model"), "expected a JSON object, got " + describe(cost_model));
   }
+  reject_unknown_cost_model_keys(cost_model, source + ": cost_model");
   plan.cost_model = cost_model;
   const JsonPath lengths_path = root.member("sequence_lengths_tokens");
   const auto& lengths =
@@ -371,6 +388,53 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
         micro_batch_from_json(reader, batches[i], batches_path.element(i)));
   }
   return plan;
+}
+
+}  // namespace
+
+std::string to_string(Scheme scheme) {
+  for (const auto& [value, name] : kSchemeNames) {
+    if (value == scheme) return name;
+  }
+  BALLAST_CHECK(false, fmt::format("unknown Scheme value {}", static_cast<int>(scheme)));
+  return "";
+}
+
+Scheme parse_scheme(const std::string& text) {
+  for (const auto& [value, name] : kSchemeNames) {
+    if (text == name) return value;
+  }
+  throw InputError(fmt::format(
+      "unknown attention scheme '{}'; use one of local, ring, all_gather, ulysses", text));
+}
+
+nlohmann::json to_json(const Plan& plan) {
+  json micro_batches = json::array();
+  for (const auto& micro_batch : plan.micro_batches) {
+    micro_batches.push_back(micro_batch_to_json(micro_batch));
+  }
+  // ballast_version records the writer, for the reader of the file; it is not part of
+  // the Plan (a plan read and written again records the ballast that wrote it last).
+  return json{{"format", kPlanFormatName},
+              {"version", plan.version},
+              {"ballast_version", version()},
+              {"strategy", plan.strategy},
+              {"step", plan.step},
+              {"cluster", to_json(plan.cluster)},
+              {"model", to_json(plan.model)},
+              {"cost_model", plan.cost_model},
+              {"sequence_lengths_tokens", plan.sequence_lengths_tokens},
+              {"micro_batches", std::move(micro_batches)}};
+}
+
+Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
+  try {
+    return read_plan(json, source);
+  } catch (const InputError& error) {
+    const std::string note = other_writer_note(json);
+    if (note.empty()) throw;
+    throw InputError(error.what() + note);
+  }
 }
 
 namespace {

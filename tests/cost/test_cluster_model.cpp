@@ -100,6 +100,37 @@ TEST(ClusterJson, WrongTypeNamesField) {
   expect_input_error([&] { cluster_from_json(nlohmann::json::array(), "list.json"); }, {"list.json"});
 }
 
+/// The InputError message of `action`, or "" when it throws none.
+template <typename Action>
+std::string input_error_message(Action action) {
+  try {
+    action();
+  } catch (const InputError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(ClusterJson, UnknownKeyIsAnErrorWithASuggestion) {
+  // The case: a misspelt optional key used to leave the default NIC count in place.
+  nlohmann::json json = to_json(cluster_preset("h100"));
+  json["nics_per_nodes"] = 4;
+  EXPECT_EQ(input_error_message([&] { cluster_from_json(json, "cluster.json"); }),
+            "cluster.json: unknown key \"nics_per_nodes\"; did you mean 'nics_per_node'?");
+  // A misspelt required key: the suggestion, not "missing field".
+  json = to_json(cluster_preset("h100"));
+  json["gpus_per_nod"] = json["gpus_per_node"];
+  json.erase("gpus_per_node");
+  EXPECT_EQ(input_error_message([&] { cluster_from_json(json, "cluster.json"); }),
+            "cluster.json: unknown key \"gpus_per_nod\"; did you mean 'gpus_per_node'?");
+  // Through load_cluster, the path names the file.
+  json = to_json(cluster_preset("h100"));
+  json["provenence"] = "typo";
+  const std::string path = write_temp_json("unknown_cluster_key", json);
+  expect_input_error([&] { load_cluster(path); }, {path, "\"provenence\"", "'provenance'"});
+  std::filesystem::remove(path);
+}
+
 TEST(ClusterJson, NicsMustDivideGpus) {
   nlohmann::json json = to_json(cluster_preset("a800-roce"));
   json["nics_per_node"] = 3;
@@ -233,6 +264,20 @@ TEST(ModelJson, MalformedInput) {
   json = to_json(model_preset("llama-7b"));
   json["gated_mlp"] = 3.5;
   expect_input_error([&] { model_from_json(json, "m.json"); }, {"m.json", "gated_mlp"});
+}
+
+TEST(ModelJson, UnknownKeyIsAnErrorWithASuggestion) {
+  nlohmann::json json = to_json(model_preset("llama-7b"));
+  json["kv_head"] = 8;
+  EXPECT_EQ(input_error_message([&] { model_from_json(json, "model.json"); }),
+            "model.json: unknown key \"kv_head\"; did you mean 'kv_heads'?");
+  json = to_json(model_preset("llama-7b"));
+  json["tied_embeddings"] = true;  // nothing close: the known keys
+  const std::string message = input_error_message([&] { model_from_json(json, "model.json"); });
+  EXPECT_EQ(message.rfind("model.json: unknown key \"tied_embeddings\"; the known keys are name, ",
+                          0),
+            0u)
+      << message;
 }
 
 TEST(ModelValidation, ImpossibleShapes) {

@@ -349,6 +349,60 @@ TEST(CostModelSpecs, MalformedSpecs) {
   expect_spec_error(spec, "models");
 }
 
+/// The InputError message of make_cost_model(spec), or "" when it throws none.
+std::string spec_error(const nlohmann::json& spec) {
+  try {
+    make_cost_model(spec, cluster_preset("a100-ib400"), model_preset("gpt-7b"));
+  } catch (const InputError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(CostModelSpecs, UnknownKeysAreErrorsWithTheirPath) {
+  const nlohmann::json good = load_cost_model_spec("flexsp-a100-192k");
+  nlohmann::json spec = good;
+  spec["memory_limit_gb"] = 40;
+  EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': unknown key "
+                              "\"memory_limit_gb\"; did you mean 'memory_limit_gib'?");
+  spec = good;
+  spec["models"][1]["b1_msec"] = 1.0;
+  EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': models[1]: unknown key "
+                              "\"b1_msec\"; did you mean 'b1_ms'?");
+  spec = good;
+  spec["all_to_all_gb_per_s"][2]["gb_per_sec"] = 1.0;
+  EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': all_to_all_gb_per_s[2]: "
+                              "unknown key \"gb_per_sec\"; did you mean 'gb_per_s'?");
+  // A misspelt "family" gets its suggestion rather than "missing field".
+  spec = good;
+  spec["famliy"] = spec["family"];
+  spec.erase("family");
+  EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': unknown key \"famliy\"; "
+                              "did you mean 'family'?");
+  // The analytical spec holds "family" only.
+  EXPECT_EQ(spec_error({{"family", "analytical"}, {"provenance", "mine"}}),
+            "cost model spec: unknown key \"provenance\"; the known keys are family");
+  // An unknown family is still reported as such, not by its keys.
+  EXPECT_NE(spec_error({{"family", "roofline"}, {"x", 1}}).find("'family' must be"),
+            std::string::npos);
+}
+
+TEST(CostModelSpecs, UnknownKeyInAFileNamesTheFile) {
+  nlohmann::json spec = load_cost_model_spec("flexsp-a100-192k");
+  spec["models"][0]["parameter_gi"] = 7.0;
+  spec["models"][0].erase("parameters_gi");
+  const std::string path = ::testing::TempDir() + "ballast_test_cost_unknown_key.json";
+  std::ofstream(path) << spec.dump(1);
+  try {
+    load_cost_model_spec(path);
+    ADD_FAILURE() << "expected an InputError";
+  } catch (const InputError& error) {
+    EXPECT_EQ(std::string(error.what()),
+              path + ": models[0]: unknown key \"parameter_gi\"; did you mean 'parameters_gi'?");
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(CostModelSpecs, ProfiledSpecForAnotherModel) {
   try {
     make_cost_model(load_cost_model_spec("flexsp-a100-192k"), cluster_preset("a100-ib400"),

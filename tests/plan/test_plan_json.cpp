@@ -6,6 +6,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/version.hpp"
 #include "plan/plan_fixtures.hpp"
 
 namespace ballast {
@@ -30,6 +31,7 @@ TEST(PlanJson, Schema) {
   const json out = to_json(full_plan());
   EXPECT_EQ(out["format"], "ballast.plan");
   EXPECT_EQ(out["version"], 1);
+  EXPECT_EQ(out["ballast_version"], version());
   EXPECT_EQ(out["strategy"], "hand-made");
   EXPECT_EQ(out["step"], 3);
   EXPECT_EQ(out["cluster"], to_json(testing::small_cluster()));
@@ -203,6 +205,89 @@ TEST(PlanJson, RoutingChunksAreOptionalAndWrittenOnlyWhenNotOne) {
                 [](json& d) { d["micro_batches"][1]["groups"][0]["routing_chunks"] = 4294967296; }),
             "plan.json: micro_batches[1].groups[0].routing_chunks: integer 4294967296 does not "
             "fit in 32 bits");
+}
+
+TEST(PlanJson, BallastVersionIsWrittenAndOptionalOnReading) {
+  // Every file records the writing ballast (alphabetical order: the first member).
+  const std::string text = plan_to_string(base_plan());
+  const std::string opening = std::string("{\n \"ballast_version\": \"") + version() + "\",\n";
+  EXPECT_EQ(text.rfind(opening, 0), 0u) << text.substr(0, 80);
+  // Plans of the same format version written before it (no key) or by another ballast
+  // read; writing one again records this ballast.
+  json older = to_json(base_plan());
+  older.erase("ballast_version");
+  EXPECT_EQ(plan_to_string(plan_from_json(older, "old.json")), text);
+  json other = to_json(base_plan());
+  other["ballast_version"] = "0.0.1";
+  EXPECT_EQ(plan_to_string(plan_from_json(other, "other.json")), text);
+  EXPECT_EQ(error_after([](json& d) { d["ballast_version"] = 1; }),
+            "plan.json: ballast_version: expected a string, got number 1");
+}
+
+TEST(PlanJson, UnknownKeysAreErrorsAtEveryLevel) {
+  // A misspelt optional key used to be ignored: routing_chunk left routing_chunks at 1.
+  EXPECT_EQ(error_after([](json& d) { d["micro_batches"][1]["groups"][0]["routing_chunk"] = 4; }),
+            "plan.json: micro_batches[1].groups[0]: unknown key \"routing_chunk\"; did you "
+            "mean 'routing_chunks'?");
+  EXPECT_EQ(error_after([](json& d) { d["ballast_versoin"] = "0.1.0"; }),
+            "plan.json: unknown key \"ballast_versoin\"; did you mean 'ballast_version'?");
+  // A misspelt required key: the suggestion rather than "missing".
+  EXPECT_EQ(error_after([](json& d) {
+              d["stratgy"] = d["strategy"];
+              d.erase("strategy");
+            }),
+            "plan.json: unknown key \"stratgy\"; did you mean 'strategy'?");
+  EXPECT_EQ(error_after([](json& d) { d["micro_batches"][0]["queue"] = json::array(); }),
+            "plan.json: micro_batches[0]: unknown key \"queue\"; did you mean 'queues'?");
+  EXPECT_EQ(error_after([](json& d) {
+              d["micro_batches"][0]["groups"][1]["sequences"][1]["padded_length"] = 5;
+            }),
+            "plan.json: micro_batches[0].groups[1].sequences[1]: unknown key \"padded_length\"; "
+            "did you mean 'padded_length_tokens'?");
+  // The cluster, model and cost-model readers check theirs, named under the plan.
+  EXPECT_EQ(error_after([](json& d) { d["cluster"]["nics_per_nodes"] = 4; }),
+            "plan.json: cluster: unknown key \"nics_per_nodes\"; did you mean 'nics_per_node'?");
+  EXPECT_EQ(error_after([](json& d) { d["model"]["kv_head"] = 4; }),
+            "plan.json: model: unknown key \"kv_head\"; did you mean 'kv_heads'?");
+  EXPECT_EQ(error_after([](json& d) { d["cost_model"] = {{"family", "analytical"}, {"x", 1}}; }),
+            "plan.json: cost_model: unknown key \"x\"; the known keys are family");
+  EXPECT_EQ(error_after([](json& d) {
+              d["cost_model"] = load_cost_model_spec("flexsp-a100-192k");
+              d["cost_model"]["models"][0]["b1_msec"] = 1.0;
+            }),
+            "plan.json: cost_model: models[0]: unknown key \"b1_msec\"; did you mean 'b1_ms'?");
+  // A family ballast does not know (the tests' fake one) is make_cost_model's to refuse.
+  json fake = to_json(full_plan());
+  fake["cost_model"]["anything"] = 1;
+  EXPECT_EQ(plan_from_json(fake, "plan.json").cost_model["anything"], 1);
+}
+
+TEST(PlanJson, ErrorsNameAnotherWritingBallast) {
+  // A newer ballast may write a key this one does not know: the message says who wrote it.
+  EXPECT_EQ(error_after([](json& d) {
+              d["ballast_version"] = "9.9.9";
+              d["micro_batches"][0]["groups"][0]["placement"] = "spread";
+            }),
+            std::string("plan.json: micro_batches[0].groups[0]: unknown key \"placement\"; the "
+                        "known keys are scheme, ranks, routing_proxies, routing_chunks, sequences "
+                        "(the plan was written by ballast 9.9.9; this is ballast ") +
+                version() + ")");
+  EXPECT_EQ(error_after([](json& d) {
+              d["ballast_version"] = "9.9.9";
+              d["version"] = 2;
+            }),
+            std::string("plan.json: version: plan format version 2 is not supported; this ballast "
+                        "reads version 1 only; re-create the plan with this ballast (the plan was "
+                        "written by ballast 9.9.9; this is ballast ") +
+                version() + ")");
+  // A long or odd version string stays one short line.
+  EXPECT_EQ(error_after([](json& d) {
+              d["ballast_version"] = "9.9\n" + std::string(100, 'x');
+              d["step"] = "3";
+            }),
+            "plan.json: step: expected an integer, got string \"3\" (the plan was written by "
+            "ballast 9.9?" +
+                std::string(36, 'x') + "...; this is ballast " + version() + ")");
 }
 
 TEST(PlanJson, RealPresetsRoundTrip) {

@@ -1,10 +1,17 @@
 // Text helpers shared by messages: closest_match / did_you_mean against a brute-force
-// reference on random words, and the cases users hit.
+// reference on random words, and the cases users hit; unknown JSON keys
+// (reject_unknown_keys), whose message is built on did_you_mean.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <random>
+#include <string_view>
 
+#include <nlohmann/json.hpp>
+
+#include "ballast/error.hpp"
+#include "ballast/json_file.hpp"
 #include "ballast/text.hpp"
 
 namespace ballast {
@@ -81,6 +88,49 @@ TEST(ClosestMatch, AgreesWithReferenceOnRandomWords) {
     }
     ASSERT_EQ(closest_match(query, candidates), expected) << query;
   }
+}
+
+constexpr std::array<std::string_view, 3> kKnownKeys = {"nodes", "nics_per_node", "provenance"};
+
+/// reject_unknown_keys(object) with source "c.json"; the InputError message, or "" if none.
+std::string unknown_key_error(const nlohmann::json& object) {
+  try {
+    reject_unknown_keys(object, kKnownKeys, "c.json");
+  } catch (const InputError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(UnknownKeys, KnownKeysAndNonObjectsPass) {
+  EXPECT_EQ(unknown_key_error(nlohmann::json::parse(R"({"nodes": 2, "provenance": ""})")), "");
+  EXPECT_EQ(unknown_key_error(nlohmann::json::object()), "");
+  EXPECT_EQ(unknown_key_error(nlohmann::json::array({1, 2})), "");  // the caller reports the type
+  EXPECT_EQ(first_unknown_key(nlohmann::json::parse(R"({"nodes": 2})"), kKnownKeys), nullptr);
+}
+
+TEST(UnknownKeys, NameTheKeyAndSuggestTheNearest) {
+  EXPECT_EQ(unknown_key_error(nlohmann::json::parse(R"({"nodes": 2, "nics_per_nodes": 4})")),
+            "c.json: unknown key \"nics_per_nodes\"; did you mean 'nics_per_node'?");
+  // Nothing close: the known keys instead of a wrong guess.
+  EXPECT_EQ(unknown_key_error(nlohmann::json::parse(R"({"color": "red"})")),
+            "c.json: unknown key \"color\"; the known keys are nodes, nics_per_node, provenance");
+  // The first unknown key in the object's (alphabetical) order.
+  const auto two = nlohmann::json::parse(R"({"zz": 1, "nodes": 2, "aa": 3})");
+  ASSERT_NE(first_unknown_key(two, kKnownKeys), nullptr);
+  EXPECT_EQ(*first_unknown_key(two, kKnownKeys), "aa");
+}
+
+TEST(UnknownKeys, OddKeysGiveOneShortLine) {
+  nlohmann::json object;
+  object["a\nb"] = 1;
+  EXPECT_EQ(unknown_key_error(object),
+            "c.json: unknown key \"a\\nb\"; the known keys are nodes, nics_per_node, provenance");
+  object = nlohmann::json::object();
+  object[std::string(100000, 'x')] = 1;  // no O(|key|) edit distance, a cut key
+  EXPECT_EQ(unknown_key_error(object),
+            "c.json: unknown key \"" + std::string(60, 'x') +
+                "...\"; the known keys are nodes, nics_per_node, provenance");
 }
 
 }  // namespace
