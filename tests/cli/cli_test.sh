@@ -228,7 +228,7 @@ cluster["nics_per_nodes"] = 4  # misspelt: an error, not the file's NIC count in
 json.dump(cluster, open(sys.argv[2].replace("impossible", "misspelt"), "w"))
 PY
 expect_error "impossible cluster" "nics_per_node" compare --cluster "$work/impossible.json"
-expect_error "misspelt cluster key" "misspelt.json: unknown key \"nics_per_nodes\"; did you mean 'nics_per_node'?" compare --cluster "$work/misspelt.json" --steps 1
+expect_error "misspelt cluster key" "misspelt.json: unknown key \"nics_per_nodes\" (did you mean 'nics_per_node'?)" compare --cluster "$work/misspelt.json" --steps 1
 expect_error "model too big for the cluster" "does not fit" compare --model gpt-30b --cluster a100-ib400 --nodes 1 --cost-model analytical
 expect_error "both budgets" "--batch-size" compare --batch-size 10 --tokens-per-step 1000
 expect_error "unknown format" "--format" compare --format xml

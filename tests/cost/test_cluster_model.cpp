@@ -116,13 +116,13 @@ TEST(ClusterJson, UnknownKeyIsAnErrorWithASuggestion) {
   nlohmann::json json = to_json(cluster_preset("h100"));
   json["nics_per_nodes"] = 4;
   EXPECT_EQ(input_error_message([&] { cluster_from_json(json, "cluster.json"); }),
-            "cluster.json: unknown key \"nics_per_nodes\"; did you mean 'nics_per_node'?");
+            "cluster.json: unknown key \"nics_per_nodes\" (did you mean 'nics_per_node'?)");
   // A misspelt required key: the suggestion, not "missing field".
   json = to_json(cluster_preset("h100"));
   json["gpus_per_nod"] = json["gpus_per_node"];
   json.erase("gpus_per_node");
   EXPECT_EQ(input_error_message([&] { cluster_from_json(json, "cluster.json"); }),
-            "cluster.json: unknown key \"gpus_per_nod\"; did you mean 'gpus_per_node'?");
+            "cluster.json: unknown key \"gpus_per_nod\" (did you mean 'gpus_per_node'?)");
   // Through load_cluster, the path names the file.
   json = to_json(cluster_preset("h100"));
   json["provenence"] = "typo";
@@ -270,7 +270,7 @@ TEST(ModelJson, UnknownKeyIsAnErrorWithASuggestion) {
   nlohmann::json json = to_json(model_preset("llama-7b"));
   json["kv_head"] = 8;
   EXPECT_EQ(input_error_message([&] { model_from_json(json, "model.json"); }),
-            "model.json: unknown key \"kv_head\"; did you mean 'kv_heads'?");
+            "model.json: unknown key \"kv_head\" (did you mean 'kv_heads'?)");
   json = to_json(model_preset("llama-7b"));
   json["tied_embeddings"] = true;  // nothing close: the known keys
   const std::string message = input_error_message([&] { model_from_json(json, "model.json"); });

@@ -364,15 +364,15 @@ TEST(CostModelSpecs, UnknownKeysAreErrorsWithTheirPath) {
   nlohmann::json spec = good;
   spec["memory_limit_gb"] = 40;
   EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': unknown key "
-                              "\"memory_limit_gb\"; did you mean 'memory_limit_gib'?");
+                              "\"memory_limit_gb\" (did you mean 'memory_limit_gib'?)");
   spec = good;
   spec["models"][1]["b1_msec"] = 1.0;
   EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': models[1]: unknown key "
-                              "\"b1_msec\"; did you mean 'b1_ms'?");
+                              "\"b1_msec\" (did you mean 'b1_ms'?)");
   spec = good;
   spec["all_to_all_gb_per_s"][2]["gb_per_sec"] = 1.0;
   EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': all_to_all_gb_per_s[2]: "
-                              "unknown key \"gb_per_sec\"; did you mean 'gb_per_s'?");
+                              "unknown key \"gb_per_sec\" (did you mean 'gb_per_s'?)");
   // A misspelt "family" gets its suggestion rather than "missing field".
   spec = good;
   spec["famliy"] = spec["family"];
@@ -398,7 +398,7 @@ TEST(CostModelSpecs, UnknownKeyInAFileNamesTheFile) {
     ADD_FAILURE() << "expected an InputError";
   } catch (const InputError& error) {
     EXPECT_EQ(std::string(error.what()),
-              path + ": models[0]: unknown key \"parameter_gi\"; did you mean 'parameters_gi'?");
+              path + ": models[0]: unknown key \"parameter_gi\" (did you mean 'parameters_gi'?)");
   }
   std::filesystem::remove(path);
 }

@@ -230,15 +230,15 @@ TEST(PlanJson, UnknownKeysAreErrorsAtEveryLevel) {
             "plan.json: micro_batches[1].groups[0]: unknown key \"routing_chunk\"; did you "
             "mean 'routing_chunks'?");
   EXPECT_EQ(error_after([](json& d) { d["ballast_versoin"] = "0.1.0"; }),
-            "plan.json: unknown key \"ballast_versoin\"; did you mean 'ballast_version'?");
+            "plan.json: unknown key \"ballast_versoin\" (did you mean 'ballast_version'?)");
   // A misspelt required key: the suggestion rather than "missing".
   EXPECT_EQ(error_after([](json& d) {
               d["stratgy"] = d["strategy"];
               d.erase("strategy");
             }),
-            "plan.json: unknown key \"stratgy\"; did you mean 'strategy'?");
+            "plan.json: unknown key \"stratgy\" (did you mean 'strategy'?)");
   EXPECT_EQ(error_after([](json& d) { d["micro_batches"][0]["queue"] = json::array(); }),
-            "plan.json: micro_batches[0]: unknown key \"queue\"; did you mean 'queues'?");
+            "plan.json: micro_batches[0]: unknown key \"queue\" (did you mean 'queues'?)");
   EXPECT_EQ(error_after([](json& d) {
               d["micro_batches"][0]["groups"][1]["sequences"][1]["padded_length"] = 5;
             }),
@@ -246,16 +246,16 @@ TEST(PlanJson, UnknownKeysAreErrorsAtEveryLevel) {
             "did you mean 'padded_length_tokens'?");
   // The cluster, model and cost-model readers check theirs, named under the plan.
   EXPECT_EQ(error_after([](json& d) { d["cluster"]["nics_per_nodes"] = 4; }),
-            "plan.json: cluster: unknown key \"nics_per_nodes\"; did you mean 'nics_per_node'?");
+            "plan.json: cluster: unknown key \"nics_per_nodes\" (did you mean 'nics_per_node'?)");
   EXPECT_EQ(error_after([](json& d) { d["model"]["kv_head"] = 4; }),
-            "plan.json: model: unknown key \"kv_head\"; did you mean 'kv_heads'?");
+            "plan.json: model: unknown key \"kv_head\" (did you mean 'kv_heads'?)");
   EXPECT_EQ(error_after([](json& d) { d["cost_model"] = {{"family", "analytical"}, {"x", 1}}; }),
             "plan.json: cost_model: unknown key \"x\"; the known keys are family");
   EXPECT_EQ(error_after([](json& d) {
               d["cost_model"] = load_cost_model_spec("flexsp-a100-192k");
               d["cost_model"]["models"][0]["b1_msec"] = 1.0;
             }),
-            "plan.json: cost_model: models[0]: unknown key \"b1_msec\"; did you mean 'b1_ms'?");
+            "plan.json: cost_model: models[0]: unknown key \"b1_msec\" (did you mean 'b1_ms'?)");
   // A family ballast does not know (the tests' fake one) is make_cost_model's to refuse.
   json fake = to_json(full_plan());
   fake["cost_model"]["anything"] = 1;

@@ -111,7 +111,7 @@ TEST(UnknownKeys, KnownKeysAndNonObjectsPass) {
 
 TEST(UnknownKeys, NameTheKeyAndSuggestTheNearest) {
   EXPECT_EQ(unknown_key_error(nlohmann::json::parse(R"({"nodes": 2, "nics_per_nodes": 4})")),
-            "c.json: unknown key \"nics_per_nodes\"; did you mean 'nics_per_node'?");
+            "c.json: unknown key \"nics_per_nodes\" (did you mean 'nics_per_node'?)");
   // Nothing close: the known keys instead of a wrong guess.
   EXPECT_EQ(unknown_key_error(nlohmann::json::parse(R"({"color": "red"})")),
             "c.json: unknown key \"color\"; the known keys are nodes, nics_per_node, provenance");
