@@ -61,7 +61,7 @@ def rope(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Ten
     """Rotary embedding (rotate-half form) of x (T, heads, head_dim) at each token's position
     inside its document, so a document split over ranks gets the same rotation as whole."""
     half = x.shape[-1] // 2
-    inverse_frequency = theta ** (-torch.arange(0, half, dtype=torch.float32) / half)
+    inverse_frequency = theta ** (-torch.arange(0, half, dtype=torch.float32, device=x.device) / half)
     angles = position_ids.to(torch.float32)[:, None] * inverse_frequency[None, :]  # (T, half)
     cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
     first, second = x[..., :half], x[..., half:]

@@ -7,6 +7,12 @@ Run (4 processes on one machine, gloo on CPU; PYTHONPATH holds the built `ballas
     torchrun --nproc_per_node 4 examples/train_balanced.py
     torchrun --nproc_per_node 4 examples/train_balanced.py --strategy zeppelin:remap=on --rank-tokens 512
     python3 examples/train_balanced.py --strategy packed-dp      # one process, no torch.distributed
+    torchrun --nproc_per_node 8 examples/train_balanced.py --device cuda   # one GPU per process, NCCL
+
+`--device` picks the device and the backend together: `cpu` runs on gloo, `cuda` puts
+each process on the GPU of its LOCAL_RANK (torch.cuda.set_device) and runs on NCCL; the
+model and every batch live on that device, and so does every index tensor ballast.torch
+builds from the plan.
 
 On Debian 12 (python3-torch 1.13 under Python 3.11) torchrun fails at start with
 "AttributeError: 'NoneType' object has no attribute 'get'" (its default `--redirects 0`
@@ -51,8 +57,56 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    parser.add_argument("--backend", default="gloo", help="torch.distributed backend (nccl with GPUs)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (torch.distributed backend gloo) or cuda (one GPU per process, backend nccl)")
     return parser.parse_args()
+
+
+def select_device(name: str, rank: int) -> torch.device:
+    """(*) This process's device: the CPU, or the GPU of its local rank (LOCAL_RANK, set by
+    torchrun; without it rank % GPUs of the machine), made current before the process group
+    exists so that NCCL and every `.cuda()` use it."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: this process sees no CUDA device; use --device cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def backend_for(device: torch.device) -> str:
+    """The torch.distributed backend for tensors on ``device``: NCCL for GPUs, gloo for the CPU."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def train_micro_batch(model: torch.nn.Module, batch: bt.PackedBatch, groups: bt.ProcessGroups,
+                      device: torch.device) -> torch.Tensor:
+    """(*) Forward and backward of one micro-batch of this rank on ``device``; returns the loss
+    (detached). Gradients accumulate in the model over the micro-batches of a step."""
+    # The loader packs on the CPU (also in worker processes); the step runs on the device.
+    batch = batch.to(device, non_blocking=True)
+    # Forward on this rank's tokens: embeddings, projections and loss in the linear layout;
+    # planned_attend remaps q, k, v, runs bt.attention and remaps back (see
+    # tiny_transformer.planned_attend). RoPE uses batch.position_ids: positions inside each
+    # document, continuing across a split. Run it even when the rank holds no token in this
+    # micro-batch (the tensors are empty): the others wait for it.
+    logits = model(batch.input_ids, batch.position_ids, tt.planned_attend(batch, groups))
+    # Weighted sum: over all ranks and micro-batches, the mean over the global batch.
+    loss = (tt.token_losses(logits, batch.labels) * batch.loss_weight).sum()
+    loss.backward()
+    return loss.detach()
+
+
+def finish_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step_loss: torch.Tensor) -> None:
+    """(*) End of the global batch: sum the gradients over ranks (not average: the loss weights
+    already divide by the global target count), then step. ``step_loss`` (on the device, as
+    NCCL needs) becomes the global batch's loss."""
+    if dist.is_initialized():
+        bt.all_reduce_gradients(model.parameters())
+        dist.all_reduce(step_loss)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
 
 
 def main() -> None:
@@ -63,13 +117,17 @@ def main() -> None:
     # MASTER_PORT). Without a launcher: one process, no torch.distributed.
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = select_device(args.device, rank)
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group(args.backend, rank=rank, world_size=world_size)
+        dist.init_process_group(backend_for(device), rank=rank, world_size=world_size)
+        # One collective over the world before the first remap: NCCL's batched point-to-point
+        # (batch_isend_irecv) lets a subset of ranks take part only once the group has run one.
+        dist.barrier()
 
-    # The model: same seed, same initial weights on every rank.
+    # The model: same seed, same initial weights on every rank (drawn on the CPU, then moved).
     torch.manual_seed(args.seed)
     config = tt.TinyConfig()
-    model = tt.TinyTransformer(config)
+    model = tt.TinyTransformer(config).to(device)
 
     # (*) Describe the job to ballast: the cluster it runs on (here: one emulated GPU per
     # process, memory for --rank-tokens tokens) and the model. With real GPUs use a preset,
@@ -88,32 +146,18 @@ def main() -> None:
     sampler = bt.BalancedBatchSampler(lengths, batches, rank=rank, world_size=world_size, cluster=cluster,
                                       model=planning_model, strategy=args.strategy)
     loader = torch.utils.data.DataLoader(bt.PieceDataset(documents), batch_sampler=sampler,
-                                         collate_fn=bt.collate, num_workers=args.workers)
+                                         collate_fn=bt.collate, num_workers=args.workers,
+                                         pin_memory=device.type == "cuda")
     groups = bt.ProcessGroups()  # (*) the plans' attention process groups, made once each
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    step_loss = torch.zeros(1)
+    step_loss = torch.zeros(1, device=device)
     started = time.perf_counter()
     for batch in loader:
-        # (*) Forward on this rank's tokens: embeddings, projections and loss in the linear
-        # layout; planned_attend remaps q, k, v, runs bt.attention and remaps back (see
-        # tiny_transformer.planned_attend). RoPE uses batch.position_ids: positions inside
-        # each document, continuing across a split. Run it even when the rank holds no
-        # token in this micro-batch (the tensors are empty): the others wait for it.
-        logits = model(batch.input_ids, batch.position_ids, tt.planned_attend(batch, groups))
-        # (*) Weighted sum: over all ranks and micro-batches, the mean over the global batch.
-        loss = (tt.token_losses(logits, batch.labels) * batch.loss_weight).sum()
-        loss.backward()  # gradients accumulate over the micro-batches
-        step_loss += loss.detach()
+        step_loss += train_micro_batch(model, batch, groups, device)
         if batch.micro_batch + 1 < batch.num_micro_batches:
             continue
-        # (*) End of the global batch: sum the gradients over ranks (not average: the loss
-        # weights already divide by the global target count), then step.
-        if dist.is_initialized():
-            bt.all_reduce_gradients(model.parameters())
-            dist.all_reduce(step_loss)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
+        finish_step(model, optimizer, step_loss)
         if rank == 0:
             plan = batch.plan
             schemes = sorted({g.scheme for mb in plan.micro_batches for g in mb.groups})

@@ -3,12 +3,13 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace ballast {
 
 /// Bad input from the user: a file, a flag, a plan, a length the cluster cannot hold.
-/// The message names the input and says what to do. The CLI prints it and exits 2;
-/// the Python module raises ValueError.
+/// The message names the input and says what to do (a setting through setting_name()).
+/// The CLI prints it and exits 2; the Python module raises ValueError.
 class InputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -26,6 +27,20 @@ class InternalError : public std::logic_error {
  public:
   using std::logic_error::logic_error;
 };
+
+/// Who shows ballast's messages to the user: the `ballast` command line (the default) or
+/// the Python module, which names settings by their keyword arguments.
+enum class Frontend { cli, python };
+
+/// Sets the frontend for the whole process; the Python module calls it once when imported.
+void set_frontend(Frontend frontend);
+Frontend current_frontend();
+
+/// How a message names the setting the CLI sets with `cli_flag` (e.g. "--max-context"):
+/// the flag itself in the CLI, the keyword argument of the Python API in Python
+/// ("max_context_tokens"). An unknown flag is an InternalError: every flag a library
+/// message names is in the table in src/common/error.cpp.
+std::string setting_name(std::string_view cli_flag);
 
 [[noreturn]] void fail_check(const char* condition, const char* file, int line,
                              const std::string& message);

@@ -14,7 +14,8 @@ must load and with whom it computes attention, and simulate the step::
 
 Errors: bad input (an unknown preset, a length <= 0, a plan for another job) raises
 ``ValueError`` and a batch a strategy cannot run raises ``ballast.PlanningError`` (a
-``ValueError``), with the message the ``ballast`` CLI prints; a broken invariant inside
+``ValueError``), with the message the ``ballast`` CLI prints (a setting named by its
+argument here: ``max_context_tokens``, not ``--max-context``); a broken invariant inside
 ballast raises ``RuntimeError``. ``ballast.torch`` holds the PyTorch glue (imported on
 demand). docs/python.md has the full guide.
 """

@@ -85,9 +85,9 @@ def _causal_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: i
     head h reads KV head h // (heads / kv_heads)). Returns (n, heads, d).
     """
     heads, kv_heads = q.shape[1], k.shape[1]
-    if heads != kv_heads:
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    if heads != kv_heads:  # output_size: no device sync on CUDA, and it runs on the meta device
+        k = k.repeat_interleave(heads // kv_heads, dim=1, output_size=heads)
+        v = v.repeat_interleave(heads // kv_heads, dim=1, output_size=heads)
     scores = torch.einsum("nhd,ehd->hne", q, k) * scale  # (heads, n, e)
     query_positions = torch.arange(q_offset, q_offset + q.shape[0], device=q.device)
     key_positions = torch.arange(k.shape[0], device=q.device)
@@ -155,7 +155,8 @@ def _group_rows(layout: List[Tuple[int, int, int, int]], group: int, rank: int) 
     return (max(first, 0), max(last, 0), ranges)
 
 
-def _attention_schedule(info: StepInfo, micro_batch: int, rank: int) -> List[_GroupWork]:
+def _attention_schedule(info: StepInfo, micro_batch: int, rank: int, device: torch.device) -> List[_GroupWork]:
+    """Rank's groups in index order, their gather indices on ``device`` (the data's)."""
     def make() -> List[_GroupWork]:
         lengths = info.plan.lengths
         works = []
@@ -180,12 +181,12 @@ def _attention_schedule(info: StepInfo, micro_batch: int, rank: int) -> List[_Gr
             for s, full in placed.items():
                 if (full < 0).any():
                     raise RuntimeError(f"internal error (please report): sequence {s} not covered by group {index}")
-                sequences[s] = (len(full), torch.from_numpy(full))
+                sequences[s] = (len(full), torch.as_tensor(full, dtype=torch.long, device=device))
             first, last, mine = _group_rows(info._attention_layout(micro_batch, rank), index, rank)
             works.append(_GroupWork(index, ranks, ranks.index(rank), (first, last), member_rows, sequences, mine))
         return works
 
-    return info._cached(("attention_schedule", micro_batch, rank), make)
+    return info._cached(("attention_schedule", micro_batch, rank, str(device)), make)
 
 
 def _group_outputs(q: torch.Tensor, gathered: List[torch.Tensor], works: List[_GroupWork], head_dim: int,
@@ -302,7 +303,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBa
             raise ValueError("attention: the plan splits sequences over several ranks; pass a ProcessGroups "
                              "(the same object on every call)")
         groups.ensure(batch.step_info)
-    works = _attention_schedule(batch.step_info, batch.micro_batch, batch.rank)
+    works = _attention_schedule(batch.step_info, batch.micro_batch, batch.rank, q.device)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _PlannedAttention.apply(q, k, v, works, groups, scale)
 
@@ -346,8 +347,9 @@ def _linear_row(lookup: Dict[int, List[Tuple[int, int, int]]], sequence: int, be
     return ranges[i][2] + begin - ranges[i][0]
 
 
-def _remap_move(info: StepInfo, micro_batch: int, rank: int) -> Tuple[_Move, int]:
-    """The linear -> attention move of rank, and its linear row count."""
+def _remap_move(info: StepInfo, micro_batch: int, rank: int, device: torch.device) -> Tuple[_Move, int]:
+    """The linear -> attention move of rank (row indices on ``device``, the data's), and its
+    linear row count."""
     def make() -> Tuple[_Move, int]:
         linear = info._linear_layout(micro_batch, rank)
         lookup = _row_lookup(linear)
@@ -371,25 +373,26 @@ def _remap_move(info: StepInfo, micro_batch: int, rank: int) -> Tuple[_Move, int
                     keep_to += target_rows
                 else:
                     receives.setdefault(src, []).extend(target_rows)
-        as_index = lambda rows: torch.tensor(rows, dtype=torch.long)  # noqa: E731
+        as_index = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
         move = _Move(attention_row, as_index(keep_from), as_index(keep_to),
                      {p: as_index(r) for p, r in sorted(sends.items())},
                      {p: as_index(r) for p, r in sorted(receives.items())})
         return move, sum(e - b for _, b, e in linear)
 
-    return info._cached(("remap", micro_batch, rank), make)
+    return info._cached(("remap", micro_batch, rank, str(device)), make)
 
 
 def _apply_move(x: torch.Tensor, move: _Move) -> torch.Tensor:
     out = x.new_empty((move.rows_out,) + tuple(x.shape[1:]))
     out[move.keep_to] = x[move.keep_from]
-    # All sends and receives posted before any wait: no rank blocks another's sends. One
-    # message per (src, dst) pair, its rows in the order the receiver places them.
+    # All sends and receives posted as one batch before any wait: no rank blocks another's
+    # sends (NCCL runs the batch as one group; gloo posts them one by one). One message per
+    # (src, dst) pair, its rows in the order the receiver places them; buffers on x's device.
     outgoing = {peer: x[rows].contiguous() for peer, rows in move.sends.items()}  # alive until waited
     buffers = {peer: x.new_empty((len(rows),) + tuple(x.shape[1:])) for peer, rows in move.receives.items()}
-    requests = [dist.isend(tensor, peer) for peer, tensor in outgoing.items()]
-    requests += [dist.irecv(buffer, peer) for peer, buffer in buffers.items()]
-    for request in requests:
+    operations = [dist.P2POp(dist.isend, tensor, peer) for peer, tensor in outgoing.items()]
+    operations += [dist.P2POp(dist.irecv, buffer, peer) for peer, buffer in buffers.items()]
+    for request in dist.batch_isend_irecv(operations) if operations else []:
         request.wait()
     for peer, rows in move.receives.items():
         out[rows] = buffers[peer]
@@ -411,10 +414,14 @@ def remap(x: torch.Tensor, batch: PackedBatch, groups: Optional[ProcessGroups] =
           direction: str = "to_attention") -> torch.Tensor:
     """Move rows of ``x`` between this rank's linear and attention layouts.
 
-    With the plan's ``remap_transfers`` (point-to-point ``isend`` / ``irecv`` between ranks,
-    which gloo, NCCL and MPI support); the backward moves the gradient the other way. The
-    identity (no communication, ``x`` itself) when the micro-batch is not remapped. Every
-    rank must call it at the same point (it communicates).
+    With the plan's ``remap_transfers`` (point-to-point ``isend`` / ``irecv`` between ranks
+    in one ``batch_isend_irecv``, which gloo, NCCL and MPI support); the backward moves the
+    gradient the other way. The row indices live on ``x``'s device (built once per
+    micro-batch, rank and device). The identity (no communication, ``x`` itself) when the
+    micro-batch is not remapped. Every rank must call it at the same point (it
+    communicates). With NCCL, run one collective over the world first (e.g.
+    ``dist.barrier()``): a rank without transfers skips the batch, which NCCL allows only
+    once the group has run a collective.
 
     Args:
         x: (T, ...) rows in the source layout: the linear layout for ``"to_attention"``, the
@@ -431,7 +438,7 @@ def remap(x: torch.Tensor, batch: PackedBatch, groups: Optional[ProcessGroups] =
         raise ValueError(f"remap: direction must be 'to_attention' or 'to_linear'; got {direction!r}")
     if not batch.remapped:
         return x
-    move, linear_rows = _remap_move(batch.step_info, batch.micro_batch, batch.rank)
+    move, linear_rows = _remap_move(batch.step_info, batch.micro_batch, batch.rank, x.device)
     if direction == "to_linear":
         move, rows_in = move.reversed(linear_rows), move.rows_out
     else:

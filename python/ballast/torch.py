@@ -23,6 +23,10 @@ order a training step uses them::
             bt.all_reduce_gradients(model.parameters())   # SUM: the loss weights already average
             optimizer.step(); optimizer.zero_grad()
 
+``collate`` packs on the CPU; ``batch.to(device)`` moves a PackedBatch, and ``remap`` and
+``attention`` build their index tensors on the device of the data they get (gloo on the
+CPU, NCCL on GPUs; examples/train_balanced.py's ``--device``).
+
 Every rank computes the same plan from the same lengths, so ranks agree on who holds what
 without communicating. Every rank must run every micro-batch (also one where it holds no
 tokens: the tensors are then empty), because the attention and the remap communicate.

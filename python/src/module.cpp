@@ -188,8 +188,13 @@ PYBIND11_MODULE(_ballast, m) {
   using namespace ballast::python;
   m.doc() = "ballast's C++ core; use the `ballast` package, not this module";
 
+  // Messages name settings by this API's keyword arguments (max_context_tokens, not the
+  // CLI's --max-context): set once, before any call can raise.
+  set_frontend(Frontend::python);
+
   // Errors: bad input is ValueError (PlanningError a subclass), broken invariants are
-  // RuntimeError; the message is the one the CLI prints after "ballast: error: ".
+  // RuntimeError; the message is the one the CLI prints after "ballast: error: ", with
+  // settings named as above.
   static py::exception<PlanningError> planning_error(m, "PlanningError", PyExc_ValueError);
   py::register_exception_translator([](std::exception_ptr pointer) {
     try {

@@ -165,15 +165,15 @@ Cluster load_cluster(const std::string& preset_or_file, std::optional<int> nodes
   }
   if (nodes) {
     if (*nodes < 1) {
-      throw InputError(fmt::format("--nodes must be >= 1 (got {})", *nodes));
+      throw InputError(fmt::format("{} must be >= 1 (got {})", setting_name("--nodes"), *nodes));
     }
     if (static_cast<long long>(*nodes) * cluster.gpus_per_node > kMaxRanks) {
       throw InputError(fmt::format(
-          "--nodes {} gives {} x {} = {} GPUs, over ballast's limit of {} GPUs per cluster; use "
-          "--nodes {} or fewer",
-          *nodes, *nodes, cluster.gpus_per_node,
+          "{} {} gives {} x {} = {} GPUs, over ballast's limit of {} GPUs per cluster; use "
+          "{} {} or fewer",
+          setting_name("--nodes"), *nodes, *nodes, cluster.gpus_per_node,
           static_cast<long long>(*nodes) * cluster.gpus_per_node, kMaxRanks,
-          kMaxRanks / cluster.gpus_per_node));
+          setting_name("--nodes"), kMaxRanks / cluster.gpus_per_node));
     }
     cluster.nodes = *nodes;
   }

@@ -156,10 +156,10 @@ Tokens CostModel::token_capacity_per_rank() const {
   if (free_bytes < per_token) {
     throw InputError(fmt::format(
         "model '{}' does not fit on cluster '{}': model states take {:.1f} GiB per GPU of a "
-        "{:.1f} GiB limit, leaving no room for activations; use more nodes (--nodes) or a "
+        "{:.1f} GiB limit, leaving no room for activations; use more nodes ({}) or a "
         "cluster with more memory",
         model_.name, cluster_.name, model_state_bytes_per_rank() / kGiB,
-        memory_limit_bytes() / kGiB));
+        memory_limit_bytes() / kGiB, setting_name("--nodes")));
   }
   return free_bytes / per_token;
 }

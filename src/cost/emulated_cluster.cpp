@@ -14,8 +14,8 @@ Cluster emulated_cluster(const Model& model, int ranks, int gpus_per_node, Token
   Cluster cluster = load_cluster("h100", 1);
   const int per_node = std::max(1, std::min(gpus_per_node, ranks));
   if (ranks % per_node != 0) {
-    throw InputError(fmt::format("--gpus-per-node {} (gpus_per_node in Python) does not divide the "
-                                 "job's {} ranks; pick a divisor", gpus_per_node, ranks));
+    throw InputError(fmt::format("{} {} does not divide the job's {} ranks; pick a divisor",
+                                 setting_name("--gpus-per-node"), gpus_per_node, ranks));
   }
   cluster.name = fmt::format("emulated-{}x{}", ranks / per_node, per_node);
   cluster.gpu_name = "CPU core (one process)";

@@ -283,8 +283,8 @@ std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Clu
     model_names.push_back(set.model_name);
   }
   throw InputError(fmt::format(
-      "profiled cost model {} has coefficients for {}, not {}; use --cost-model analytical",
-      sets.front().name, fmt::join(model_names, ", "), model.name));
+      "profiled cost model {} has coefficients for {}, not {}; use {} analytical",
+      sets.front().name, fmt::join(model_names, ", "), model.name, setting_name("--cost-model")));
 }
 
 }  // namespace ballast

@@ -7,6 +7,7 @@
 #include <fmt/ostream.h>
 
 #include "ballast/compare.hpp"
+#include "ballast/error.hpp"
 #include "ballast/report.hpp"
 
 namespace ballast {
@@ -59,8 +60,11 @@ void write_report_text(const SimulationReport& report, const Cluster& cluster, s
     return report.ranks[a].busy_s > report.ranks[b].busy_s;
   });
   const std::size_t rows = std::min<std::size_t>(order.size(), static_cast<std::size_t>(max_rank_rows));
-  fmt::print(out, "  busiest {} of {} ranks (all ranks: --format csv or json):\n", rows,
-             order.size());
+  // The CLI prints every rank with --format csv or json; Python reads them from the report.
+  const char* all_ranks = current_frontend() == Frontend::python
+                              ? "report.ranks or report.to_json()"
+                              : "--format csv or json";
+  fmt::print(out, "  busiest {} of {} ranks (all ranks: {}):\n", rows, order.size(), all_ranks);
   fmt::print(out, "  {:>6} {:>5} {:>10} {:>10} {:>11} {:>10} {:>9}\n", "rank", "node", "busy (s)",
              "comm (s)", "exposed (s)", "idle (s)", "peak GiB");
   for (std::size_t i = 0; i < rows; ++i) {

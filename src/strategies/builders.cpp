@@ -86,8 +86,9 @@ void check_ring_steps(std::int64_t steps, const std::string& strategy, const std
   throw PlanningError(fmt::format(
       "{} would make a plan whose rings take {} simulated steps ({}; a ring of g GPUs takes "
       "g^2), over ballast's limit of {} per plan; use smaller rings (a lower degree, or "
-      "lower --max-context) or fewer micro-batches per step",
-      strategy, with_thousands(steps), why, with_thousands(kMaxRingSteps)));
+      "lower {}) or fewer micro-batches per step",
+      strategy, with_thousands(steps), why, with_thousands(kMaxRingSteps),
+      setting_name("--max-context")));
 }
 
 std::vector<Pack> best_fit_decreasing(std::span<const PackItem> items, Tokens capacity_tokens) {

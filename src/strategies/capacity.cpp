@@ -72,10 +72,11 @@ std::string degree_limit_reason(const CostModel& cost, Scheme scheme, int larges
 
 std::string what_to_do(Scheme scheme) {
   if (scheme == Scheme::ulysses) {
-    return "use a strategy that splits further (static-cp, hybrid-dp), lower --max-context or "
-           "add --nodes";
+    return fmt::format("use a strategy that splits further (static-cp, hybrid-dp), lower {} or "
+                       "add {}",
+                       setting_name("--max-context"), setting_name("--nodes"));
   }
-  return "lower --max-context or add --nodes";
+  return fmt::format("lower {} or add {}", setting_name("--max-context"), setting_name("--nodes"));
 }
 
 /// Divisors of the rank count (ulysses: also of kv_heads), ascending.
@@ -97,9 +98,10 @@ void check_override_valid(int degree, const CostModel& cost, Scheme scheme,
                                 ? fmt::format(" and the model's {} KV heads", cost.model().kv_heads)
                                 : "";
   throw InputError(
-      fmt::format("--degree {} is not valid for {}: it must divide the {} ranks{}; "
+      fmt::format("{} {} is not valid for {}: it must divide the {} ranks{}; "
                   "valid values: {}",
-                  degree, strategy, cost.cluster().ranks(), heads, join_ints(valid)));
+                  setting_name("--degree"), degree, strategy, cost.cluster().ranks(), heads,
+                  join_ints(valid)));
 }
 
 }  // namespace
@@ -166,11 +168,12 @@ int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptio
     if (fits_group(length, cost, scheme, d)) fitting.push_back(d);
   }
   const std::string fix = fitting.empty() ? "no valid degree holds it; " + what_to_do(scheme)
-                                          : fmt::format("use --degree {} (or any of: {})",
-                                                        fitting.front(), join_ints(fitting));
+                                          : fmt::format("use {} {} (or any of: {})",
+                                                        setting_name("--degree"), fitting.front(),
+                                                        join_ints(fitting));
   throw PlanningError(fmt::format(
-      "{} cannot run sequence {} ({} tokens) at --degree {}: degree-{} groups hold {} tokens; {}",
-      strategy, id, with_thousands(length), degree, degree,
+      "{} cannot run sequence {} ({} tokens) at {} {}: degree-{} groups hold {} tokens; {}",
+      strategy, id, with_thousands(length), setting_name("--degree"), degree, degree,
       with_thousands(max_sequence_tokens_at(cost, scheme, degree)), fix));
 }
 

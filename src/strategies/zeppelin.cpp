@@ -169,9 +169,10 @@ Switches switches_of(const PlannerOptions& options) {
   switches.routing = mode_of(options, "routing");
   switches.remap = mode_of(options, "remap");
   if (options.degree && switches.hierarchical) {
-    throw InputError(
+    throw InputError(fmt::format(
         "zeppelin takes a degree only with partition=even (the hierarchical partition picks "
-        "each sequence's ring); drop --degree / degree= or add partition=even");
+        "each sequence's ring); drop {} / degree= or add partition=even",
+        setting_name("--degree")));
   }
   return switches;
 }

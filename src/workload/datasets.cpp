@@ -146,8 +146,9 @@ void check_batch_limits(std::span<const Tokens> lengths_tokens) {
   if (count > kMaxBatchSequences) {
     throw InputError(fmt::format(
         "the batch has {} sequences, over ballast's limit of {} per batch; split it into "
-        "several steps (lower --batch-size or --tokens-per-step)",
-        with_thousands(count), with_thousands(kMaxBatchSequences)));
+        "several steps (lower {} or {})",
+        with_thousands(count), with_thousands(kMaxBatchSequences), setting_name("--batch-size"),
+        setting_name("--tokens-per-step")));
   }
   Tokens total_tokens = 0;  // <= 10^6 x 2^31 < 2^51 while the lengths are checked
   for (std::size_t index = 0; index < lengths_tokens.size(); ++index) {
@@ -168,8 +169,9 @@ void check_batch_limits(std::span<const Tokens> lengths_tokens) {
   if (total_tokens > kMaxBatchTokens) {
     throw InputError(fmt::format(
         "the batch holds {} tokens, over ballast's limit of 2^40 = {} tokens per batch; split "
-        "it into several steps (lower --batch-size or --tokens-per-step)",
-        with_thousands(total_tokens), with_thousands(kMaxBatchTokens)));
+        "it into several steps (lower {} or {})",
+        with_thousands(total_tokens), with_thousands(kMaxBatchTokens), setting_name("--batch-size"),
+        setting_name("--tokens-per-step")));
   }
 }
 

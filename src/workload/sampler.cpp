@@ -56,44 +56,50 @@ Tokens shortest_document_tokens(const Dataset& dataset) {
 /// The flag a user should raise when a document is over document_limit_tokens.
 std::string binding_limit_flag(const SamplerOptions& options) {
   if (document_limit_tokens(options) == options.max_context_tokens) {
-    return fmt::format("--max-context {}", options.max_context_tokens);
+    return fmt::format("{} {}", setting_name("--max-context"), options.max_context_tokens);
   }
-  return fmt::format("--tokens-per-step {}", *options.tokens_per_step);
+  return fmt::format("{} {}", setting_name("--tokens-per-step"), *options.tokens_per_step);
 }
 
 void validate_budgets(const SamplerOptions& options) {
   if (options.tokens_per_step.has_value() == options.batch_size.has_value()) {
-    throw InputError(fmt::format("set exactly one of --tokens-per-step and --batch-size (got {})",
+    throw InputError(fmt::format("set exactly one of {} and {} (got {})",
+                                 setting_name("--tokens-per-step"), setting_name("--batch-size"),
                                  options.batch_size ? "both" : "neither"));
   }
   if (options.tokens_per_step && *options.tokens_per_step <= 0) {
     throw InputError(
-        fmt::format("--tokens-per-step must be positive, got {}", *options.tokens_per_step));
+        fmt::format("{} must be positive, got {}", setting_name("--tokens-per-step"),
+                    *options.tokens_per_step));
   }
   if (options.batch_size && *options.batch_size <= 0) {
-    throw InputError(fmt::format("--batch-size must be positive, got {}", *options.batch_size));
+    throw InputError(fmt::format("{} must be positive, got {}", setting_name("--batch-size"),
+                                 *options.batch_size));
   }
   if (options.max_context_tokens <= 0) {
     throw InputError(
-        fmt::format("--max-context must be positive, got {}", options.max_context_tokens));
+        fmt::format("{} must be positive, got {}", setting_name("--max-context"),
+                    options.max_context_tokens));
   }
   if (options.max_context_tokens > kMaxSequenceTokens) {
     throw InputError(fmt::format(
-        "--max-context {} is over ballast's sequence length limit of 2^31 = {} tokens; use at "
+        "{} {} is over ballast's sequence length limit of 2^31 = {} tokens; use at "
         "most {}",
-        options.max_context_tokens, kMaxSequenceTokens, kMaxSequenceTokens));
+        setting_name("--max-context"), options.max_context_tokens, kMaxSequenceTokens,
+        kMaxSequenceTokens));
   }
   if (options.batch_size && *options.batch_size > kMaxBatchSequences) {
     throw InputError(fmt::format(
-        "--batch-size {} is over ballast's limit of {} sequences per batch; use at most {} "
+        "{} {} is over ballast's limit of {} sequences per batch; use at most {} "
         "(or several steps)",
-        *options.batch_size, kMaxBatchSequences, kMaxBatchSequences));
+        setting_name("--batch-size"), *options.batch_size, kMaxBatchSequences, kMaxBatchSequences));
   }
   if (options.tokens_per_step && *options.tokens_per_step > kMaxBatchTokens) {
     throw InputError(fmt::format(
-        "--tokens-per-step {} is over ballast's limit of 2^40 = {} tokens per batch; use at "
+        "{} {} is over ballast's limit of 2^40 = {} tokens per batch; use at "
         "most {} (or several steps)",
-        *options.tokens_per_step, kMaxBatchTokens, kMaxBatchTokens));
+        setting_name("--tokens-per-step"), *options.tokens_per_step, kMaxBatchTokens,
+        kMaxBatchTokens));
   }
 }
 
@@ -104,26 +110,28 @@ void validate_against_dataset(const Dataset& dataset, const SamplerOptions& opti
   }
   if (dataset.is_histogram() && options.order == SamplingOrder::sequential) {
     throw InputError(
-        fmt::format("dataset '{}' is a histogram, which has no document order; use --sampling random "
+        fmt::format("dataset '{}' is a histogram, which has no document order; use {} random "
                     "(sequential order needs a file of individual lengths)",
-                    dataset.name));
+                    dataset.name, setting_name("--sampling")));
   }
   const Tokens shortest = shortest_document_tokens(dataset);
   const bool truncating = options.over_context == OverContextPolicy::truncate ||
                           options.over_context == OverContextPolicy::split;
   if (!truncating && shortest > options.max_context_tokens) {
     throw InputError(fmt::format(
-        "every document of '{}' is longer than --max-context {} (the shortest has {} tokens); "
-        "raise --max-context or pass --over-context split",
-        dataset.name, options.max_context_tokens, shortest));
+        "every document of '{}' is longer than {} {} (the shortest has {} tokens); "
+        "raise {} or pass {} split",
+        dataset.name, setting_name("--max-context"), options.max_context_tokens, shortest,
+        setting_name("--max-context"), setting_name("--over-context")));
   }
   const Tokens smallest_possible =
       truncating ? std::min(shortest, options.max_context_tokens) : shortest;
   if (options.tokens_per_step && *options.tokens_per_step < smallest_possible) {
     throw InputError(fmt::format(
-        "--tokens-per-step {} is smaller than the shortest document of '{}' ({} tokens); "
-        "raise --tokens-per-step to at least {}",
-        *options.tokens_per_step, dataset.name, smallest_possible, smallest_possible));
+        "{} {} is smaller than the shortest document of '{}' ({} tokens); "
+        "raise {} to at least {}",
+        setting_name("--tokens-per-step"), *options.tokens_per_step, dataset.name,
+        smallest_possible, setting_name("--tokens-per-step"), smallest_possible));
   }
 }
 
@@ -231,9 +239,10 @@ Batch BatchSampler::next() {
     }
     if (static_cast<std::int64_t>(batch.lengths_tokens.size()) >= kMaxBatchSequences) {
       throw InputError(fmt::format(
-          "step {}: the batch would hold more than {} sequences; lower --tokens-per-step or "
-          "--batch-size, or raise --max-context",
-          batch.step, kMaxBatchSequences));
+          "step {}: the batch would hold more than {} sequences; lower {} or "
+          "{}, or raise {}",
+          batch.step, kMaxBatchSequences, setting_name("--tokens-per-step"),
+          setting_name("--batch-size"), setting_name("--max-context")));
     }
     const bool from_pending = pending_tokens_ > 0;
     Tokens length = from_pending ? std::min(pending_tokens_, limit_tokens) : draw_document_tokens();
@@ -252,8 +261,9 @@ Batch BatchSampler::next() {
           if (++consecutive_drops >= kMaxConsecutiveDrops) {
             throw InputError(fmt::format(
                 "step {}: {} documents of '{}' in a row were longer than {} and dropped; "
-                "raise the limit or pass --over-context split",
-                batch.step, kMaxConsecutiveDrops, dataset_.name, binding_limit_flag(options_)));
+                "raise the limit or pass {} split",
+                batch.step, kMaxConsecutiveDrops, dataset_.name, binding_limit_flag(options_),
+                setting_name("--over-context")));
           }
           continue;
         case OverContextPolicy::truncate:
@@ -263,10 +273,10 @@ Batch BatchSampler::next() {
           break;
         case OverContextPolicy::error:
           throw InputError(fmt::format(
-              "step {}: {} has {} tokens, more than {}; raise it or pass --over-context split "
+              "step {}: {} has {} tokens, more than {}; raise it or pass {} split "
               "(or drop, or truncate)",
               batch.step, describe_document(dataset_, cursor_), length,
-              binding_limit_flag(options_)));
+              binding_limit_flag(options_), setting_name("--over-context")));
       }
     }
     // Never true for the first sequence of a step: length <= limit_tokens <= tokens_per_step.
@@ -292,8 +302,9 @@ Batch BatchSampler::next() {
   if (total_tokens > kMaxBatchTokens) {
     throw InputError(fmt::format(
         "step {}: the batch holds {} tokens, over ballast's limit of 2^40 = {} tokens per "
-        "batch; lower --batch-size or --max-context",
-        batch.step, total_tokens, kMaxBatchTokens));
+        "batch; lower {} or {}",
+        batch.step, total_tokens, kMaxBatchTokens, setting_name("--batch-size"),
+        setting_name("--max-context")));
   }
   return batch;
 }

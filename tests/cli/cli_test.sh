@@ -123,6 +123,7 @@ check "simulate refuses an invalid plan" test "$code" = 2
 code=$(run "$work/sim.txt" "$work/err" "$ballast" simulate --plan "$work/plan.json" --trace "$work/trace.json")
 check "simulate plan exits 0" test "$code" = 0
 check "simulate prints step time" has "$work/sim.txt" "lower bound"
+check "simulate text points to the format flag" has "$work/sim.txt" "all ranks: --format csv or json"
 check "trace parses" json_ok "$work/trace.json"
 check "trace has events" has "$work/trace.json" "traceEvents"
 code=$(run "$work/sim.json" "$work/err" "$ballast" simulate --strategy static-cp --nodes 1 --tokens-per-step 200000 --steps 2 --format json)
@@ -237,6 +238,7 @@ expect_error "missing plan" "no-plan.json" validate "$work/no-plan.json"
 expect_error "profiled model mismatch" "analytical" compare --cost-model flexsp-a100-192k --model llama-7b
 printf '2000000\n1000\n' > "$work/huge.txt"
 expect_error "too long for packed-dp" "(2,000,000 tokens)" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --max-context 4000000 --nodes 1
+expect_error "too long for packed-dp names the CLI flag" "or lower --max-context" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --max-context 4000000 --nodes 1
 expect_error "over-context error policy" "--max-context" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --over-context error
 # A failing command leaves -o untouched: no new file, an existing one as it was.
 "$ballast" plan --strategy packed-dp --lengths "$work/huge.txt" --batch-size 2 --max-context 4000000 --nodes 1 -o "$work/never.json" 2>/dev/null
