@@ -1,18 +1,9 @@
 // Cluster validation, JSON round trip and load_cluster (a preset name or a JSON file).
 // The presets themselves live in presets.cpp.
 #include "ballast/cluster.hpp"
-
-#include <algorithm>
-#include <array>
-#include <filesystem>
-#include <string_view>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
-
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
+#include "ballast/text.hpp"
 
 namespace ballast {
 
@@ -159,9 +150,9 @@ Cluster load_cluster(const std::string& preset_or_file, std::optional<int> nodes
     cluster = cluster_from_json(read_json_file(preset_or_file), preset_or_file);
   } else {
     throw InputError(fmt::format(
-        "unknown cluster '{}': not a preset ({}) and not a JSON file; pick a preset or give "
+        "unknown cluster '{}'{}: not a preset ({}) and not a JSON file; pick a preset or give "
         "the path of a cluster JSON file",
-        preset_or_file, fmt::join(presets, ", ")));
+        preset_or_file, did_you_mean(preset_or_file, presets), fmt::join(presets, ", ")));
   }
   if (nodes) {
     if (*nodes < 1) {

@@ -263,8 +263,9 @@ nlohmann::json load_cost_model_spec(const std::string& name_or_file) {
     return spec;
   }
   throw InputError(fmt::format(
-      "unknown cost model '{}': not one of {} and not a JSON file; pick one of those or give "
-      "the path of a cost model spec file", name_or_file, fmt::join(cost_model_names(), ", ")));
+      "unknown cost model '{}'{}: not one of {} and not a JSON file; pick one of those or give "
+      "the path of a cost model spec file",
+      name_or_file, did_you_mean(name_or_file, cost_model_names()), fmt::join(cost_model_names(), ", ")));
 }
 
 std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Cluster& cluster,

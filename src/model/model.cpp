@@ -1,18 +1,9 @@
 // Model: FLOPs and bytes derived from the shape, parameter estimate, validation, JSON
 // round trip and load_model (a preset name or a JSON file). Presets are in presets.cpp.
-#include "ballast/model.hpp"
-
-#include <algorithm>
-#include <array>
-#include <filesystem>
-#include <string_view>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
-
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
+#include "ballast/model.hpp"
+#include "ballast/text.hpp"
 
 namespace ballast {
 
@@ -153,9 +144,9 @@ Model load_model(const std::string& preset_or_file) {
     return model_from_json(read_json_file(preset_or_file), preset_or_file);
   }
   throw InputError(fmt::format(
-      "unknown model '{}': not a preset ({}) and not a JSON file; pick a preset or give the "
+      "unknown model '{}'{}: not a preset ({}) and not a JSON file; pick a preset or give the "
       "path of a model JSON file",
-      preset_or_file, fmt::join(presets, ", ")));
+      preset_or_file, did_you_mean(preset_or_file, presets), fmt::join(presets, ", ")));
 }
 
 }  // namespace ballast

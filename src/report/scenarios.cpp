@@ -48,7 +48,11 @@ const Scenario& find_scenario(const std::string& name) {
 void apply_scenario(const Scenario& scenario, RunSettings& settings) {
   const auto& json = scenario.settings;
   const std::string source = "scenario " + scenario.name;
-  settings.dataset = optional_field<std::string>(json, "dataset", settings.dataset, source);
+  static constexpr std::string_view kSettingKeys[] = {
+      "dataset", "cluster",    "nodes",  "model",      "cost_model", "strategies",
+      "baseline", "steps",     "seed",   "tokens_per_step", "batch_size", "max_context",
+      "over_context", "sampling", "degree"};
+  reject_unknown_keys(json, kSettingKeys, source + ": settings");  settings.dataset = optional_field<std::string>(json, "dataset", settings.dataset, source);
   settings.cluster = optional_field<std::string>(json, "cluster", settings.cluster, source);
   if (json.contains("nodes")) settings.nodes = required_field<int>(json, "nodes", source);
   settings.model = optional_field<std::string>(json, "model", settings.model, source);
