@@ -11,6 +11,7 @@ own CMakeLists.txt with -DBALLAST_PYTHON_ONLY=ON (no MPI, no tests); the bundled
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,9 +53,12 @@ class CMakeBuild(build_ext):
         shutil.copytree(ROOT / "data", data_target)
 
 
+# The version is written once, in CMakeLists.txt's project(VERSION).
+VERSION = re.search(r"project\(ballast VERSION ([0-9.]+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
+
 setup(
     name="ballast",
-    version="0.1.0",
+    version=VERSION,
     description="Balanced variable-length steps for distributed LLM training (FlexSP, Zeppelin)",
     license="see the repository",
     python_requires=">=3.9",

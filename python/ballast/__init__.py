@@ -53,7 +53,7 @@ from ._ballast import (  # noqa: E402,F401  (re-exported)
     Transfer,
 )
 
-__version__ = "0.1.0"
+__version__: str = _ballast.__version__  # project(VERSION) in CMakeLists.txt: the one place
 
 __all__ = [
     "Chunk", "Cluster", "Group", "LinearSlice", "LowerBound", "MicroBatch", "Model", "Plan",

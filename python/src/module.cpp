@@ -26,6 +26,7 @@
 #include "ballast/report.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/version.hpp"
 #include "ballast/workload.hpp"
 
 namespace py = pybind11;
@@ -187,6 +188,7 @@ PYBIND11_MODULE(_ballast, m) {
   using namespace ballast;
   using namespace ballast::python;
   m.doc() = "ballast's C++ core; use the `ballast` package, not this module";
+  m.attr("__version__") = version();  // project(VERSION), as `ballast --version` and plan files
 
   // Messages name settings by this API's keyword arguments (max_context_tokens, not the
   // CLI's --max-context): set once, before any call can raise.

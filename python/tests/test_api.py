@@ -248,3 +248,17 @@ def test_emulated_cluster_is_the_one_ballast_run_plans_for():
     assert abs(usable - expected) <= 1.0
     with pytest.raises(ValueError, match="gpus_per_node"):
         ballast.Cluster.emulated(model, ranks=8, gpus_per_node=3, rank_tokens=4096)
+
+
+def test_version_is_the_projects_everywhere(tmp_path):
+    """ballast.__version__, `ballast --version` and a plan file's ballast_version are all
+    project(VERSION) of CMakeLists.txt."""
+    import re
+    root = Path(__file__).resolve().parents[2]
+    expected = re.search(r"project\(ballast VERSION ([0-9.]+)",
+                         (root / "CMakeLists.txt").read_text()).group(1)
+    assert ballast.__version__ == expected
+    plan = ballast.plan([4096, 1024], cluster="h100", nodes=1, strategy="hybrid-dp")
+    plan.save(tmp_path / "plan.json")
+    assert json.loads((tmp_path / "plan.json").read_text())["ballast_version"] == expected
+
