@@ -377,8 +377,8 @@ TEST(CostModelSpecs, UnknownKeysAreErrorsWithTheirPath) {
   spec = good;
   spec["famliy"] = spec["family"];
   spec.erase("family");
-  EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': unknown key \"famliy\"; "
-                              "did you mean 'family'?");
+  EXPECT_EQ(spec_error(spec), "cost model spec 'flexsp-a100-192k': unknown key \"famliy\""
+                              " (did you mean \'family\'?)");
   // The analytical spec holds "family" only.
   EXPECT_EQ(spec_error({{"family", "analytical"}, {"provenance", "mine"}}),
             "cost model spec: unknown key \"provenance\"; the known keys are family");

@@ -227,8 +227,8 @@ TEST(PlanJson, BallastVersionIsWrittenAndOptionalOnReading) {
 TEST(PlanJson, UnknownKeysAreErrorsAtEveryLevel) {
   // A misspelt optional key used to be ignored: routing_chunk left routing_chunks at 1.
   EXPECT_EQ(error_after([](json& d) { d["micro_batches"][1]["groups"][0]["routing_chunk"] = 4; }),
-            "plan.json: micro_batches[1].groups[0]: unknown key \"routing_chunk\"; did you "
-            "mean 'routing_chunks'?");
+            "plan.json: micro_batches[1].groups[0]: unknown key \"routing_chunk\" (did you "
+            "mean \'routing_chunks\'?)");
   EXPECT_EQ(error_after([](json& d) { d["ballast_versoin"] = "0.1.0"; }),
             "plan.json: unknown key \"ballast_versoin\" (did you mean 'ballast_version'?)");
   // A misspelt required key: the suggestion rather than "missing".
@@ -242,8 +242,8 @@ TEST(PlanJson, UnknownKeysAreErrorsAtEveryLevel) {
   EXPECT_EQ(error_after([](json& d) {
               d["micro_batches"][0]["groups"][1]["sequences"][1]["padded_length"] = 5;
             }),
-            "plan.json: micro_batches[0].groups[1].sequences[1]: unknown key \"padded_length\"; "
-            "did you mean 'padded_length_tokens'?");
+            "plan.json: micro_batches[0].groups[1].sequences[1]: unknown key \"padded_length\""
+            " (did you mean \'padded_length_tokens\'?)");
   // The cluster, model and cost-model readers check theirs, named under the plan.
   EXPECT_EQ(error_after([](json& d) { d["cluster"]["nics_per_nodes"] = 4; }),
             "plan.json: cluster: unknown key \"nics_per_nodes\" (did you mean 'nics_per_node'?)");

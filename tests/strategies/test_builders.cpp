@@ -59,7 +59,8 @@ TEST(StrategySpec, NameAndParameters) {
 
 TEST(StrategySpec, BadSpecsNameTheFix) {
   EXPECT_EQ(error_of([] { parse_strategy_spec("static-ulysses:deg=8"); }),
-            "strategy 'static-ulysses:deg=8': unknown parameter 'deg'; static-ulysses takes degree");
+            "strategy 'static-ulysses:deg=8': unknown parameter 'deg' (did you mean 'degree'?); "
+            "static-ulysses takes degree");
   EXPECT_EQ(error_of([] { parse_strategy_spec("hybrid-dp:degree=8"); }),
             "strategy 'hybrid-dp:degree=8': unknown parameter 'degree'; hybrid-dp takes no "
             "parameters");
