@@ -57,6 +57,10 @@ class Planner {
   /// Throws InputError naming a parameter whose value this planner cannot take (checked
   /// when a spec is parsed, before any batch is planned).
   virtual void check_options(const PlannerOptions& /*options*/) const {}
+  /// Whether a degree set for every strategy (--degree, a scenario's "degree") applies to
+  /// this planner with these spec options; a degree in the spec itself always applies
+  /// (and check_options() judges it). Default: the planner takes a "degree" parameter.
+  virtual bool takes_common_degree(const PlannerOptions& options) const;
   /// The longest sequence (tokens) this planner can plan on this cost model with these
   /// options: a batch with a longer one raises PlanningError, any other batch plans (within
   /// the limits of limits.hpp). Throws InputError for options plan() would reject on this

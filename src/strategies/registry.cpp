@@ -60,6 +60,11 @@ long long parse_integer_parameter(const std::string& key, const std::string& tex
 
 }  // namespace
 
+bool Planner::takes_common_degree(const PlannerOptions& /*options*/) const {
+  const auto keys = parameters();
+  return std::any_of(keys.begin(), keys.end(), [](const PlannerParameter& p) { return p.key == "degree"; });
+}
+
 const std::vector<std::unique_ptr<Planner>>& planners() {
   static const std::vector<std::unique_ptr<Planner>> all = [] {
     std::vector<std::unique_ptr<Planner>> made;
@@ -90,7 +95,11 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
   spec.options = base;
   const std::size_t colon = text.find(':');
   spec.planner = &find_planner(text.substr(0, colon));
-  if (colon == std::string::npos) return spec;
+  if (colon == std::string::npos) {
+    if (spec.options.degree && !spec.planner->takes_common_degree(spec.options)) spec.options.degree.reset();
+    spec.planner->check_options(spec.options);
+    return spec;
+  }
   std::vector<std::string> keys;
   for (const PlannerParameter& parameter : spec.planner->parameters()) keys.push_back(parameter.key);
   const std::string known =
@@ -98,6 +107,13 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
                    : fmt::format("{} takes {}", spec.planner->name(), fmt::join(keys, ", "));
   std::size_t begin = colon + 1;
   std::set<std::string> seen;
+  const auto drop_common_degree = [&] {
+    // --degree is for the strategies that run at a fixed degree; the others keep choosing.
+    if (!seen.count("degree") && spec.options.degree &&
+        !spec.planner->takes_common_degree(spec.options)) {
+      spec.options.degree.reset();
+    }
+  };
   while (true) {
     const std::size_t end = text.find(':', begin);
     const std::string item = text.substr(begin, end == std::string::npos ? end : end - begin);
@@ -124,6 +140,7 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
     if (end == std::string::npos) break;
     begin = end + 1;
   }
+  drop_common_degree();
   spec.planner->check_options(spec.options);
   return spec;
 }

@@ -194,6 +194,11 @@ class ZeppelinPlanner final : public Planner {
                        "holding the longest sequence)"}};
   }
   void check_options(const PlannerOptions& options) const override { switches_of(options); }
+  /// --degree fixes the static rings of partition=even; the hierarchical partition picks
+  /// each sequence's ring, so it ignores a degree given to every strategy.
+  bool takes_common_degree(const PlannerOptions& options) const override {
+    return parameter_or(options, "partition", "hierarchical") == "even";
+  }
   /// Hierarchical: a ring over every GPU of the cluster, the ring budget per rank, no
   /// padding. Even: the static rings resolve_degree allows (static-cp's limit).
   Tokens longest_sequence_tokens(const CostModel& cost,

@@ -217,6 +217,9 @@ expect_error "unknown strategy parameter" "static-ulysses takes degree" compare 
 expect_error "bad strategy parameter value" "refine=maybe" compare --strategies flexsp-fast:refine=maybe --steps 1
 expect_error "ablation flag without zeppelin" "--no-routing applies" plan --strategy static-cp --no-routing
 expect_error "zeppelin degree without even split" "partition=even" compare --strategies zeppelin:degree=8 --steps 1
+code=$(run "$work/out" "$work/err" "$ballast" compare --degree 8 --steps 1 --strategies static-cp,zeppelin,zeppelin:partition=even)
+check "--degree with zeppelin in the list exits 0" test "$code" = 0
+check "--degree leaves hierarchical zeppelin choosing" has "$work/out" "^zeppelin  "
 expect_error "ablation with strategies" "--ablation" compare --ablation --strategies zeppelin
 expect_error "context too short to fill a batch" "raise --max-context" compare --max-context 1 --steps 1
 /usr/bin/python3 - "$source_dir/data/presets/example-cluster.json" "$work/impossible.json" <<'PY'

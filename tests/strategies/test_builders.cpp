@@ -57,6 +57,24 @@ TEST(StrategySpec, NameAndParameters) {
   EXPECT_EQ(parse_strategy_spec("static-cp", base).options.degree, 4);
 }
 
+TEST(StrategySpec, CommonDegreeGoesOnlyToFixedDegreeStrategies) {
+  // --degree 8 with every strategy (`compare --degree 8`) used to stop the whole comparison
+  // on zeppelin, whose hierarchical partition picks each sequence's ring.
+  PlannerOptions base;
+  base.degree = 8;
+  EXPECT_EQ(parse_strategy_spec("static-cp", base).options.degree, 8);
+  EXPECT_EQ(parse_strategy_spec("static-ulysses", base).options.degree, 8);
+  EXPECT_EQ(parse_strategy_spec("batch-adaptive", base).options.degree, 8);
+  EXPECT_EQ(parse_strategy_spec("zeppelin:partition=even", base).options.degree, 8);
+  EXPECT_FALSE(parse_strategy_spec("zeppelin", base).options.degree);
+  EXPECT_FALSE(parse_strategy_spec("zeppelin:routing=off", base).options.degree);
+  EXPECT_FALSE(parse_strategy_spec("hybrid-dp", base).options.degree);
+  EXPECT_FALSE(parse_strategy_spec("flexsp-fast", base).options.degree);
+  // A degree in the spec itself is still judged by the strategy.
+  EXPECT_NE(error_of([&] { parse_strategy_spec("zeppelin:degree=8", base); }).find("partition=even"),
+            std::string::npos);
+}
+
 TEST(StrategySpec, BadSpecsNameTheFix) {
   EXPECT_EQ(error_of([] { parse_strategy_spec("static-ulysses:deg=8"); }),
             "strategy 'static-ulysses:deg=8': unknown parameter 'deg' (did you mean 'degree'?); "
