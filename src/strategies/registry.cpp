@@ -89,31 +89,18 @@ const Planner& find_planner(const std::string& name) {
                   fmt::join(planner_names(), ", ")));
 }
 
-StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& base) {
-  StrategySpec spec;
-  spec.text = text;
-  spec.options = base;
-  const std::size_t colon = text.find(':');
-  spec.planner = &find_planner(text.substr(0, colon));
-  if (colon == std::string::npos) {
-    if (spec.options.degree && !spec.planner->takes_common_degree(spec.options)) spec.options.degree.reset();
-    spec.planner->check_options(spec.options);
-    return spec;
-  }
+namespace {
+
+/// Applies the "key=value" items of `text` after position `begin` to spec.options; returns
+/// the keys given. Throws InputError naming the spec for a malformed, unknown or repeated one.
+std::set<std::string> apply_spec_parameters(const std::string& text, std::size_t begin,
+                                            StrategySpec& spec) {
   std::vector<std::string> keys;
   for (const PlannerParameter& parameter : spec.planner->parameters()) keys.push_back(parameter.key);
   const std::string known =
       keys.empty() ? fmt::format("{} takes no parameters", spec.planner->name())
                    : fmt::format("{} takes {}", spec.planner->name(), fmt::join(keys, ", "));
-  std::size_t begin = colon + 1;
   std::set<std::string> seen;
-  const auto drop_common_degree = [&] {
-    // --degree is for the strategies that run at a fixed degree; the others keep choosing.
-    if (!seen.count("degree") && spec.options.degree &&
-        !spec.planner->takes_common_degree(spec.options)) {
-      spec.options.degree.reset();
-    }
-  };
   while (true) {
     const std::size_t end = text.find(':', begin);
     const std::string item = text.substr(begin, end == std::string::npos ? end : end - begin);
@@ -137,10 +124,27 @@ StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& 
     } else {
       spec.options.parameters[key] = value;
     }
-    if (end == std::string::npos) break;
+    if (end == std::string::npos) return seen;
     begin = end + 1;
   }
-  drop_common_degree();
+}
+
+}  // namespace
+
+StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& base) {
+  StrategySpec spec;
+  spec.text = text;
+  spec.options = base;
+  const std::size_t colon = text.find(':');
+  spec.planner = &find_planner(text.substr(0, colon));
+  const std::set<std::string> given =
+      colon == std::string::npos ? std::set<std::string>{} : apply_spec_parameters(text, colon + 1, spec);
+  // A degree set for every strategy (--degree) is for those that run at a fixed degree;
+  // the others keep choosing theirs. A degree in the spec is judged by check_options().
+  if (!given.count("degree") && spec.options.degree &&
+      !spec.planner->takes_common_degree(spec.options)) {
+    spec.options.degree.reset();
+  }
   spec.planner->check_options(spec.options);
   return spec;
 }
