@@ -123,8 +123,10 @@ std::vector<Plan> acquire_plans(const RunOptions& options, int ranks) {
 PreparedRun prepare_run(const RunOptions& options, int ranks) {
   PreparedRun prepared;
   prepared.plans = acquire_plans(options, ranks);
-  // Test-only (fault.hpp): a fault that can never fire is a mistake in the test.
-  const std::optional<runtime::FaultInjection> fault = runtime::fault_from_environment();
+  // Test-only (fault.hpp): read once per run; a fault that can never fire is a mistake in
+  // the test.
+  prepared.fault = runtime::fault_from_environment();
+  const std::optional<runtime::FaultInjection>& fault = prepared.fault;
   if (fault && (fault->rank >= ranks || fault->step >= static_cast<int>(prepared.plans.size()))) {
     throw InputError(fmt::format("{}={}: the job has ranks 0-{} and steps 0-{}; the fault would never fire",
                                  runtime::kFaultVariable, fault->spec, ranks - 1,
@@ -144,8 +146,7 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
   int rank = 0, ranks = 1;
   runtime::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   runtime::check_mpi(MPI_Comm_size(comm, &ranks), "MPI_Comm_size");
-  // Test-only (fault.hpp): read once, so a step costs one comparison when it is unset.
-  const std::optional<runtime::FaultInjection> fault = runtime::fault_from_environment();
+  const std::optional<runtime::FaultInjection>& fault = prepared.fault;
   const std::vector<Plan>& plans = prepared.plans;
   BALLAST_CHECK(!plans.empty(), "run_training needs the plans of prepare_run");
   const runtime::Corpus& corpus = prepared.corpus;

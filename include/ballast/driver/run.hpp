@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 #include "ballast/plan.hpp"
 #include "ballast/runtime/corpus.hpp"
+#include "ballast/runtime/fault.hpp"
 #include "ballast/runtime/model.hpp"
 #include "ballast/runtime/step.hpp"
 #include "ballast/settings.hpp"
@@ -69,6 +71,7 @@ struct PreparedRun {
   std::vector<Plan> plans;
   runtime::Corpus corpus;
   runtime::Parameters parameters;
+  std::optional<runtime::FaultInjection> fault;  ///< BALLAST_FAULT (test-only), read once
 };
 /// The run's set-up on one rank of `ranks`: acquire_plans(), the BALLAST_FAULT check, the
 /// corpus, the parameters. Communicates nothing and is identical on every rank (same

@@ -9,7 +9,7 @@
 
 namespace ballast::runtime {
 
-/// The environment variable the run driver (driver::run_training) reads once per run.
+/// The environment variable the run driver (driver::prepare_run) reads once per run.
 inline constexpr const char* kFaultVariable = "BALLAST_FAULT";
 
 struct FaultInjection {
