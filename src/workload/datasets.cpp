@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ballast/error.hpp"
 #include "ballast/text.hpp"
@@ -87,14 +88,13 @@ std::string data_dir() {
 
 namespace {
 
-std::string known_dataset_names() {
-  std::string names;
-  for (const DatasetInfo& info : bundled_datasets()) {
-    if (!names.empty()) names += ", ";
-    names += info.name;
-  }
+std::vector<std::string> dataset_names() {
+  std::vector<std::string> names;
+  for (const DatasetInfo& info : bundled_datasets()) names.push_back(info.name);
   return names;
 }
+
+std::string known_dataset_names() { return fmt::format("{}", fmt::join(dataset_names(), ", ")); }
 
 }  // namespace
 
@@ -118,11 +118,9 @@ Dataset load_dataset(const std::string& name_or_path) {
                                  "JSON array, or a histogram CSV); check the path",
                                  name_or_path));
   }
-  std::vector<std::string> names;
-  for (const DatasetInfo& info : bundled_datasets()) names.push_back(info.name);
   throw InputError(fmt::format("unknown dataset '{}'{}; known: {} (or the path of a length file; "
                                "there is no file '{}')",
-                               name_or_path, did_you_mean(name_or_path, names),
+                               name_or_path, did_you_mean(name_or_path, dataset_names()),
                                known_dataset_names(), name_or_path));
 }
 
