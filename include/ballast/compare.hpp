@@ -49,6 +49,9 @@ struct StrategyResult {
   Bytes peak_memory_bytes = 0;  ///< max over steps and ranks
   double plan_time_ms = 0;      ///< wall-clock planner latency, mean over steps
   double micro_batches = 0;     ///< mean over steps
+  /// Mean gradient sync the backward pass did not hide (in step_time_s; the same for
+  /// every strategy with --grad-sync end, so compare step_time_s minus it there).
+  double gradient_sync_exposed_s = 0;
 };
 
 struct CompareResult {
@@ -78,7 +81,7 @@ struct Scenario {
   std::string description;
   nlohmann::json settings;  ///< keys: dataset, cluster, nodes, model, cost_model, strategies,
                             ///< baseline, steps, seed, tokens_per_step, batch_size,
-                            ///< max_context, over_context, sampling, degree
+                            ///< max_context, over_context, sampling, degree, grad_sync
 };
 /// Read from data/scenarios.json once.
 const std::vector<Scenario>& scenarios();

@@ -72,6 +72,9 @@ class CostModel {
   /// One point-to-point transfer of `bytes_per_layer` bytes (alpha-beta over the link
   /// between the two ranks: NVLink inside a node, the ranks' NICs across nodes).
   virtual Seconds p2p_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank) const;
+  /// The part of p2p_time_s that occupies no link (per-message latency, all layers): the
+  /// simulator shares only the rest of a transfer with concurrent transfers on its links.
+  virtual Seconds p2p_latency_s(int src_rank, int dst_rank) const;
   /// All-to-all inside `ranks`: rank ranks[i] holds bytes_per_rank[i] and sends an equal
   /// share to every member. Across nodes each GPU uses its own NIC (NICs cannot be
   /// aggregated) and GPUs sharing a NIC share its bandwidth.
@@ -82,6 +85,9 @@ class CostModel {
                                     std::span<const Bytes> bytes_per_rank) const;
   /// Data-parallel gradient synchronisation over all ranks, once per step.
   virtual Seconds gradient_sync_time_s() const;
+  /// One of `buckets` equal buckets of that synchronisation (1/buckets of the bytes, the
+  /// whole latency): what the simulator overlaps with the backward pass.
+  virtual Seconds gradient_bucket_sync_time_s(int buckets) const;
 
   // ---- memory ----
   /// Model states (weights, gradients, optimizer) per rank: ZeRO-3 shards them over all ranks.
@@ -140,6 +146,7 @@ class ProfiledCostModel final : public CostModel {
   Seconds all_to_all_time_s(std::span<const int> ranks,
                             std::span<const Bytes> bytes_per_rank) const override;
   Seconds gradient_sync_time_s() const override;
+  Seconds gradient_bucket_sync_time_s(int buckets) const override;
   Bytes model_state_bytes_per_rank() const override;
   Bytes activation_bytes_per_token() const override;
   Bytes memory_limit_bytes() const override;

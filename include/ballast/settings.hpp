@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
 #include "ballast/workload.hpp"
 
@@ -25,6 +26,7 @@ struct RunSettings {
   int steps = 4;
   SamplerOptions sampler = default_sampler_options();
   PlannerOptions planner;
+  GradientSync gradient_sync = GradientSync::overlap;  ///< --grad-sync
 
   static SamplerOptions default_sampler_options() {
     SamplerOptions options;

@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,6 +18,26 @@
 #include "ballast/units.hpp"
 
 namespace ballast {
+
+/// When the data-parallel gradient synchronisation runs.
+enum class GradientSync {
+  /// In buckets, one per layer, each started as soon as the last micro-batch's backward
+  /// has produced its gradients (PyTorch DDP's and FSDP's bucketed reduce-scatter /
+  /// all-reduce, DeepSpeed ZeRO-3's overlap_comm): only what the backward pass cannot hide
+  /// is exposed. The default.
+  overlap,
+  /// All of it after the last backward pass, nothing overlapped.
+  end,
+};
+/// "overlap" or "end".
+const char* gradient_sync_name(GradientSync mode);
+/// Throws InputError naming `setting` ("--grad-sync", "grad_sync") and the choices.
+GradientSync parse_gradient_sync(const std::string& text, const std::string& setting);
+
+/// Buckets of the overlapped gradient sync: one per layer (FSDP wraps each transformer
+/// layer and reduce-scatters its gradients as one unit; DeepSpeed ZeRO-3 and DDP buckets
+/// are of the same order, tens of MB). At least 1.
+int gradient_sync_buckets(const Model& model);
 
 struct RankTimes {
   Seconds busy_s = 0;           ///< compute stream busy
@@ -29,7 +52,7 @@ struct LowerBound {
   Seconds time_s = 0;
   Seconds compute_per_rank_s = 0;  ///< (sum of linear + attention-pair floors) / ranks
   Seconds overhead_s = 0;          ///< memory-forced micro-batches * per-micro-batch overhead
-  Seconds gradient_sync_s = 0;
+  Seconds gradient_sync_s = 0;     ///< the part of the gradient sync no schedule hides
   std::int64_t min_micro_batches = 1;  ///< ceil(total tokens / (ranks * token capacity))
   std::string binding;             ///< which term dominates, in words
 };
@@ -39,11 +62,15 @@ inline double gap_to_lower_bound(Seconds step_s, Seconds lower_bound_s) {
   return lower_bound_s > 0 ? step_s / lower_bound_s - 1.0 : 0.0;
 }
 
-/// max(compute / ranks, ...) + overheads + gradient sync; no plan beats it.
-LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost);
+/// max(compute / ranks, ...) + overheads + the gradient sync that no schedule hides (all
+/// of it with GradientSync::end; its last bucket, which waits for the end of the last
+/// backward pass, with overlap); no plan beats it.
+LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost,
+                       GradientSync gradient_sync = GradientSync::overlap);
 
 struct SimulationOptions {
   bool record_trace = false;
+  GradientSync gradient_sync = GradientSync::overlap;
 };
 
 struct SimulationReport {
@@ -54,7 +81,11 @@ struct SimulationReport {
   double imbalance = 1;  ///< max busy / mean busy
   double exposed_communication_fraction = 0;  ///< sum exposed comm / (ranks * step)
   Bytes peak_memory_bytes = 0;  ///< max over ranks
-  Seconds gradient_sync_s = 0;
+  Seconds gradient_sync_s = 0;  ///< the whole synchronisation, as if nothing hid it
+  /// The part of the step after the last rank's last compute or transfer: the gradient
+  /// sync the backward pass did not hide (gradient_sync_s with GradientSync::end).
+  Seconds gradient_sync_exposed_s = 0;
+  GradientSync gradient_sync = GradientSync::overlap;
   int micro_batches = 0;
   int gpus_per_node = 1;  ///< the plan's cluster, to name trace processes "rank r (node n)"
   std::vector<TraceEvent> trace;  ///< filled when options.record_trace
@@ -81,16 +112,23 @@ Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, i
 /// plans on.
 class SimulatorEvaluator final : public PlanEvaluator {
  public:
-  explicit SimulatorEvaluator(const CostModel& cost);
+  explicit SimulatorEvaluator(const CostModel& cost,
+                              GradientSync gradient_sync = GradientSync::overlap);
   /// simulate(validated_plan, cost).step_time_s without validating the plan again (the
   /// caller validated it; a planner validates each candidate once).
   Seconds step_time_s(const Plan& validated_plan) const override;
-  /// isolated_transfer_time_s(cost, ...).
+  /// isolated_transfer_time_s(cost, ...), remembered per argument tuple: planners ask for
+  /// the same transfers again and again (Zeppelin's crossover search, every plan), and a
+  /// routed transfer is a small flow simulation of its own. Thread-safe.
   Seconds transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank, int routing_proxies,
                           int routing_chunks) const override;
 
  private:
+  using TransferKey = std::tuple<Bytes, int, int, int, int>;
   const CostModel& cost_;
+  GradientSync gradient_sync_;
+  mutable std::mutex transfers_mutex_;
+  mutable std::map<TransferKey, Seconds> transfers_;
 };
 
 /// The report's trace as Chrome trace-event JSON (trace.hpp's writer for its ranks).

@@ -215,11 +215,14 @@ def plan(lengths: Lengths, cluster: ClusterLike = "h100", model: ModelLike = "ll
                               str(strategy), int(step))
 
 
-def simulate(plan: Plan, *, trace: bool = False) -> Report:
+def simulate(plan: Plan, *, trace: bool = False, grad_sync: str = "overlap") -> Report:
     """Predict the step of a plan with ballast's discrete-event simulator.
 
+    ``grad_sync`` is ``"overlap"`` (the gradient sync in per-layer buckets during the last
+    backward pass, as DDP / FSDP / ZeRO-3 run it) or ``"end"`` (all of it afterwards).
     Returns a ``Report``: ``step_time_s``, ``lower_bound_s``, ``imbalance`` (max / mean busy),
-    ``exposed_communication_fraction``, ``peak_memory_bytes``, per-rank ``ranks``;
+    ``exposed_communication_fraction``, ``peak_memory_bytes``, ``gradient_sync_s`` (the whole
+    sync) and ``gradient_sync_exposed_s`` (what the step pays for it), per-rank ``ranks``;
     ``report.to_json()`` is ``ballast simulate --format json``'s output; with
     ``trace=True``, ``report.chrome_trace()`` is the Perfetto / chrome://tracing JSON.
 
@@ -227,7 +230,7 @@ def simulate(plan: Plan, *, trace: bool = False) -> Report:
     >>> r.step_time_s >= r.lower_bound_s
     True
     """
-    return _ballast.simulate(plan, bool(trace))
+    return _ballast.simulate(plan, bool(trace), str(grad_sync))
 
 
 def validate(plan: Plan) -> Tuple[bool, str]:

@@ -174,10 +174,12 @@ struct PyReport {
   std::string json() const { return report_to_json(report).dump(2) + "\n"; }
 };
 
-PyReport simulate_plan(const PyPlan& plan, bool trace) {
+PyReport simulate_plan(const PyPlan& plan, bool trace, const std::string& grad_sync) {
+  const GradientSync mode = parse_gradient_sync(grad_sync, setting_name("--grad-sync"));
   py::gil_scoped_release release;
   SimulationOptions options;
   options.record_trace = trace;
+  options.gradient_sync = mode;
   return {simulate(plan.plan, *plan.cost, options)};
 }
 
@@ -462,6 +464,8 @@ PYBIND11_MODULE(_ballast, m) {
                              [](const PyReport& r) { return r.report.exposed_communication_fraction; })
       .def_property_readonly("peak_memory_bytes", [](const PyReport& r) { return r.report.peak_memory_bytes; })
       .def_property_readonly("gradient_sync_s", [](const PyReport& r) { return r.report.gradient_sync_s; })
+      .def_property_readonly("gradient_sync_exposed_s",
+                             [](const PyReport& r) { return r.report.gradient_sync_exposed_s; })
       .def_property_readonly("micro_batches", [](const PyReport& r) { return r.report.micro_batches; })
       .def_property_readonly("ranks", [](const PyReport& r) { return r.report.ranks; })
       .def("to_json", &PyReport::json)
@@ -478,5 +482,5 @@ PYBIND11_MODULE(_ballast, m) {
         write_chrome_trace(r.report, out);
         return out.str();
       });
-  m.def("simulate", &simulate_plan, py::arg("plan"), py::arg("trace"));
+  m.def("simulate", &simulate_plan, py::arg("plan"), py::arg("trace"), py::arg("grad_sync"));
 }

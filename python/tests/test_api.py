@@ -147,6 +147,13 @@ def test_simulate_report():
     trace = json.loads(ballast.simulate(plan, trace=True).chrome_trace())
     assert trace["traceEvents"]
     assert "rank" in report.text(plan.cluster)
+    # The gradient sync overlapped with the last backward pass (default) or all at the end.
+    at_end = ballast.simulate(plan, grad_sync="end")
+    assert 0 <= report.gradient_sync_exposed_s < at_end.gradient_sync_exposed_s
+    assert at_end.gradient_sync_exposed_s == pytest.approx(at_end.gradient_sync_s)
+    assert report.step_time_s < at_end.step_time_s
+    with pytest.raises(ValueError, match="grad_sync 'later' is not a gradient sync mode"):
+        ballast.simulate(plan, grad_sync="later")
 
 
 def test_custom_cluster_and_model_from_dicts():

@@ -18,7 +18,7 @@ std::atomic<Frontend> current_frontend_value{Frontend::cli};
 /// Each CLI flag a library message names, and what sets it from Python: the keyword
 /// argument of ballast.sample_batches / plan / Cluster.load / Cluster.emulated, or the
 /// strategy spec's parameter ("static-cp:degree=4") where Python has no keyword.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 9> kPythonSettingNames{{
+constexpr std::array<std::pair<std::string_view, std::string_view>, 10> kPythonSettingNames{{
     {"--max-context", "max_context_tokens"},
     {"--tokens-per-step", "tokens_per_step"},
     {"--batch-size", "batch_size"},
@@ -28,6 +28,7 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 9> kPythonSe
     {"--cost-model", "cost_model"},
     {"--gpus-per-node", "gpus_per_node"},
     {"--degree", "strategy parameter degree"},
+    {"--grad-sync", "grad_sync"},
 }};
 
 }  // namespace

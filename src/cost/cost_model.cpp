@@ -61,6 +61,12 @@ Seconds CostModel::p2p_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank)
   return model_.layers * (latency_s + static_cast<double>(bytes_per_layer) / bw);
 }
 
+Seconds CostModel::p2p_latency_s(int src_rank, int dst_rank) const {
+  if (src_rank == dst_rank) return 0.0;
+  return model_.layers * (cluster_.same_node(src_rank, dst_rank) ? cluster_.intra_node_latency_s
+                                                                 : cluster_.inter_node_latency_s);
+}
+
 Seconds CostModel::all_to_all_time_s(std::span<const int> ranks,
                                      std::span<const Bytes> bytes_per_rank) const {
   BALLAST_CHECK(ranks.size() == bytes_per_rank.size(), "one byte count per rank");
@@ -118,21 +124,35 @@ Seconds CostModel::all_gather_time_s(std::span<const int> ranks,
   return model_.layers * (steps * latency_s + transfer_s);
 }
 
-Seconds CostModel::gradient_sync_time_s() const {
+namespace {
+
+/// Bus bandwidth and latency of the data-parallel gradient all-reduce over the cluster:
+/// across nodes NCCL's busbw per GPU is its NIC share; inside a node the NVLink bus
+/// bandwidth. Latency: a tree, 2 log2(N) hops.
+std::pair<double, Seconds> gradient_sync_link(const Cluster& cluster) {
+  const int ranks = cluster.ranks();
+  const bool multi_node = cluster.nodes > 1;
+  const double bw = multi_node ? std::min(cluster.intra_node_bus_bw_bytes_per_s,
+                                          cluster.nic_bw_bytes_per_s / cluster.gpus_per_nic())
+                               : cluster.intra_node_bus_bw_bytes_per_s;
+  const double latency_s = multi_node ? cluster.inter_node_latency_s : cluster.intra_node_latency_s;
+  return {bw, 2.0 * std::ceil(std::log2(ranks)) * latency_s};
+}
+
+}  // namespace
+
+Seconds CostModel::gradient_sync_time_s() const { return gradient_bucket_sync_time_s(1); }
+
+Seconds CostModel::gradient_bucket_sync_time_s(int buckets) const {
   // All-reduce of bf16 gradients (ZeRO-3: reduce-scatter + all-gather, same volume):
-  // 2 (N-1)/N of the gradient bytes per rank. Across nodes NCCL's busbw per GPU is its
-  // NIC share; inside a node the NVLink bus bandwidth. Latency: a tree, 2 log2(N) hops.
+  // 2 (N-1)/N of the gradient bytes per rank, a 1/buckets share of them per bucket.
+  BALLAST_CHECK(buckets >= 1, "at least one gradient bucket");
   const int ranks = cluster_.ranks();
   if (ranks <= 1) return 0.0;
-  const double gradient_bytes = model_.parameters * model_.bytes_per_element;
+  const double gradient_bytes = model_.parameters * model_.bytes_per_element / buckets;
   const double volume_bytes = 2.0 * (ranks - 1) / ranks * gradient_bytes;
-  const bool multi_node = cluster_.nodes > 1;
-  const double bw = multi_node
-                        ? std::min(cluster_.intra_node_bus_bw_bytes_per_s,
-                                   cluster_.nic_bw_bytes_per_s / cluster_.gpus_per_nic())
-                        : cluster_.intra_node_bus_bw_bytes_per_s;
-  const double latency_s = multi_node ? cluster_.inter_node_latency_s : cluster_.intra_node_latency_s;
-  return volume_bytes / bw + 2.0 * std::ceil(std::log2(ranks)) * latency_s;
+  const auto [bw, latency_s] = gradient_sync_link(cluster_);
+  return volume_bytes / bw + latency_s;
 }
 
 Bytes CostModel::model_state_bytes_per_rank() const {

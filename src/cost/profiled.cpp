@@ -72,6 +72,8 @@ Seconds ProfiledCostModel::gradient_sync_time_s() const {
   return 0.0;
 }
 
+Seconds ProfiledCostModel::gradient_bucket_sync_time_s(int /*buckets*/) const { return 0.0; }
+
 Bytes ProfiledCostModel::model_state_bytes_per_rank() const {
   // FlexSP's ZeRO-3 mixed-precision Adam, model_states_MB = params * 16 * 1024 / N: the
   // same 16 bytes per parameter as the analytical model.

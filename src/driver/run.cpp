@@ -82,7 +82,7 @@ std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
   const auto cost = make_cost_model(load_cost_model_spec("analytical"),
                                     emulated_cluster(model, ranks, options.gpus_per_node, options.rank_tokens),
                                     model);
-  const SimulatorEvaluator evaluator(*cost);
+  const SimulatorEvaluator evaluator(*cost, options.settings.gradient_sync);
   const Dataset dataset = load_dataset(options.settings.dataset);
   BatchSampler sampler(dataset, options.settings.sampler);
   const StrategySpec spec = parse_strategy_spec(options.strategy, options.settings.planner);

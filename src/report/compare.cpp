@@ -52,13 +52,14 @@ std::string choose_baseline(const RunSettings& settings, const std::vector<std::
 }
 
 StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
-                            const PlannerOptions& options, const CompareProgress& progress) {
+                            const PlannerOptions& options, GradientSync gradient_sync,
+                            const CompareProgress& progress) {
   StrategyResult result;
   result.strategy = name;
   const StrategySpec spec = parse_strategy_spec(name, options);
   const Planner& planner = *spec.planner;
   const double steps = static_cast<double>(inputs.batches.size());
-  const SimulatorEvaluator evaluator(*inputs.cost);
+  const SimulatorEvaluator evaluator(*inputs.cost, gradient_sync);
   for (const Batch& batch : inputs.batches) {
     if (progress) {
       progress(name, static_cast<int>(batch.step), static_cast<int>(inputs.batches.size()));
@@ -76,13 +77,15 @@ StrategyResult run_strategy(const std::string& name, const RunInputs& inputs,
       return failed;
     }
     const auto stop = std::chrono::steady_clock::now();
-    const SimulationReport report = simulate(plan, *inputs.cost);
+    const SimulationReport report =
+        simulate(plan, *inputs.cost, {.gradient_sync = gradient_sync});
     result.plan_time_ms += std::chrono::duration<double, std::milli>(stop - start).count() / steps;
     result.step_time_s += report.step_time_s / steps;
     result.lower_bound_s += report.lower_bound.time_s / steps;
     result.imbalance += report.imbalance / steps;
     result.exposed_comm_fraction += report.exposed_communication_fraction / steps;
     result.micro_batches += report.micro_batches / steps;
+    result.gradient_sync_exposed_s += report.gradient_sync_exposed_s / steps;
     result.peak_memory_bytes = std::max(result.peak_memory_bytes, report.peak_memory_bytes);
   }
   result.gap_to_lower_bound = gap_to_lower_bound(result.step_time_s, result.lower_bound_s);
@@ -118,7 +121,7 @@ CompareResult run_compare(const RunSettings& settings, const CompareProgress& pr
   compare.sequences_per_step = std::llround(sequences / steps);
   compare.tokens_per_step = std::llround(tokens / steps);
   for (const auto& name : names) {
-    compare.results.push_back(run_strategy(name, inputs, settings.planner, progress));
+    compare.results.push_back(run_strategy(name, inputs, settings.planner, settings.gradient_sync, progress));
   }
   const auto baseline = std::find_if(compare.results.begin(), compare.results.end(),
                                      [&](const auto& r) { return r.strategy == compare.baseline; });

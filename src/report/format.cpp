@@ -52,9 +52,9 @@ void write_compare_text(const CompareResult& result, std::ostream& out) {
   fmt::print(out, "{}\n\n", over_context_text(result));
   std::size_t name_width = 22;  // the longest strategy spec sets the first column
   for (const auto& r : result.results) name_width = std::max(name_width, r.strategy.size());
-  fmt::print(out, "{:<{}} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9} {:>6} {:>9}\n", "strategy", name_width,
-             "step (s)", "bound (s)", "gap", "speedup", "imbalance", "exp.comm", "peak GiB",
-             "mbs", "plan (ms)");
+  fmt::print(out, "{:<{}} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9} {:>9} {:>6} {:>9}\n",
+             "strategy", name_width, "step (s)", "bound (s)", "gap", "speedup", "imbalance",
+             "exp.comm", "sync (s)", "peak GiB", "mbs", "plan (ms)");
   for (const auto& r : result.results) {
     if (!r.error.empty()) {
       fmt::print(out, "{:<{}} cannot run: {}\n", r.strategy, name_width, r.error);
@@ -62,38 +62,45 @@ void write_compare_text(const CompareResult& result, std::ostream& out) {
     }
     // A speedup against a baseline that could not run is unknown: "-", not 0.00x.
     const std::string speedup = r.speedup ? fmt::format("{:.2f}x", *r.speedup) : "-";
-    fmt::print(out, "{:<{}} {:>10.3f} {:>10.3f} {:>7.1f}% {:>9} {:>9.2f} {:>7.1f}% {:>9.1f} {:>6.1f} {:>9.2f}\n",
-               r.strategy, name_width, r.step_time_s, r.lower_bound_s, 100.0 * r.gap_to_lower_bound, speedup,
-               r.imbalance, 100.0 * r.exposed_comm_fraction, r.peak_memory_bytes / kGiB,
-               r.micro_batches, r.plan_time_ms);
+    fmt::print(out,
+               "{:<{}} {:>10.3f} {:>10.3f} {:>7.1f}% {:>9} {:>9.2f} {:>7.1f}% {:>9.3f} {:>9.1f} "
+               "{:>6.1f} {:>9.2f}\n",
+               r.strategy, name_width, r.step_time_s, r.lower_bound_s,
+               100.0 * r.gap_to_lower_bound, speedup, r.imbalance,
+               100.0 * r.exposed_comm_fraction, r.gradient_sync_exposed_s,
+               r.peak_memory_bytes / kGiB, r.micro_batches, r.plan_time_ms);
   }
   const bool baseline_failed =
       std::any_of(result.results.begin(), result.results.end(),
                   [](const auto& r) { return r.error.empty() && !r.speedup; });
   fmt::print(out, "\nspeedup: {} step time / strategy step time{}. gap: step / lower bound - 1. "
                   "imbalance: max/mean busy time. exp.comm: communication not hidden by compute, "
-                  "share of rank-time. mbs: micro-batches. See docs/compare-schema.md.\n",
-             result.baseline, baseline_failed ? " (\"-\": the baseline cannot run)" : "");
+                  "share of rank-time. sync: gradient sync left after the last backward pass "
+                  "(--grad-sync {}), part of the step. mbs: micro-batches. See "
+                  "docs/compare-schema.md.\n",
+             result.baseline, baseline_failed ? " (\"-\": the baseline cannot run)" : "",
+             gradient_sync_name(result.settings.gradient_sync));
 }
 
 void write_compare_csv(const CompareResult& result, std::ostream& out) {
   fmt::print(out,
              "strategy,step_time_s,lower_bound_s,gap_to_lower_bound,speedup,imbalance,"
-             "exposed_comm_fraction,peak_memory_bytes,plan_time_ms,micro_batches,error\n");
+             "exposed_comm_fraction,peak_memory_bytes,plan_time_ms,micro_batches,"
+             "gradient_sync_exposed_s,error\n");
   for (const auto& r : result.results) {
     std::string error = r.error;
     for (char& c : error) {
       if (c == '"') c = '\'';
     }
     if (!error.empty()) {  // no figures: empty cells, not zeros
-      fmt::print(out, "{},,,,,,,,,,\"{}\"\n", r.strategy, error);
+      fmt::print(out, "{},,,,,,,,,,,\"{}\"\n", r.strategy, error);
       continue;
     }
     const std::string speedup = r.speedup ? fmt::format("{:.6g}", *r.speedup) : "";
-    fmt::print(out, "{},{:.9g},{:.9g},{:.6g},{},{:.6g},{:.6g},{},{:.4f},{:.4g},\"\"\n",
+    fmt::print(out, "{},{:.9g},{:.9g},{:.6g},{},{:.6g},{:.6g},{},{:.4f},{:.4g},{:.9g},\"\"\n",
                r.strategy, r.step_time_s, r.lower_bound_s, r.gap_to_lower_bound, speedup,
                r.imbalance, r.exposed_comm_fraction, r.peak_memory_bytes, r.plan_time_ms,
-               r.micro_batches);
+               r.micro_batches, r.gradient_sync_exposed_s);
   }
 }
 
@@ -117,6 +124,7 @@ nlohmann::ordered_json compare_to_json(const CompareResult& result) {
       {"max_context", settings.sampler.max_context_tokens},
       {"over_context", to_string(settings.sampler.over_context)},
       {"sampling", to_string(settings.sampler.order)},
+      {"grad_sync", gradient_sync_name(settings.gradient_sync)},
       {"baseline", result.baseline},
   };
   json["workload"] = {
@@ -149,6 +157,7 @@ nlohmann::ordered_json compare_to_json(const CompareResult& result) {
     row["peak_memory_bytes"] = figure(r.peak_memory_bytes);
     row["plan_time_ms"] = figure(r.plan_time_ms);
     row["micro_batches"] = figure(r.micro_batches);
+    row["gradient_sync_exposed_s"] = figure(r.gradient_sync_exposed_s);
     results.push_back(row);
   }
   json["results"] = results;

@@ -51,7 +51,7 @@ void apply_scenario(const Scenario& scenario, RunSettings& settings) {
   static constexpr std::string_view kSettingKeys[] = {
       "dataset", "cluster",    "nodes",  "model",      "cost_model", "strategies",
       "baseline", "steps",     "seed",   "tokens_per_step", "batch_size", "max_context",
-      "over_context", "sampling", "degree"};
+      "over_context", "sampling", "degree", "grad_sync"};
   reject_unknown_keys(json, kSettingKeys, source + ": settings");  settings.dataset = optional_field<std::string>(json, "dataset", settings.dataset, source);
   settings.cluster = optional_field<std::string>(json, "cluster", settings.cluster, source);
   if (json.contains("nodes")) settings.nodes = required_field<int>(json, "nodes", source);
@@ -73,6 +73,10 @@ void apply_scenario(const Scenario& scenario, RunSettings& settings) {
   }
   sampler.max_context_tokens =
       optional_field<Tokens>(json, "max_context", sampler.max_context_tokens, source);
+  if (json.contains("grad_sync")) {
+    settings.gradient_sync = parse_gradient_sync(
+        required_field<std::string>(json, "grad_sync", source), source + ": grad_sync");
+  }
   if (json.contains("over_context")) {
     sampler.over_context =
         parse_over_context_policy(required_field<std::string>(json, "over_context", source));

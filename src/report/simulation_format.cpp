@@ -27,6 +27,8 @@ nlohmann::ordered_json report_to_json(const SimulationReport& report) {
   json["exposed_comm_fraction"] = report.exposed_communication_fraction;
   json["peak_memory_bytes"] = report.peak_memory_bytes;
   json["gradient_sync_s"] = report.gradient_sync_s;
+  json["gradient_sync"] = gradient_sync_name(report.gradient_sync);
+  json["gradient_sync_exposed_s"] = report.gradient_sync_exposed_s;
   json["micro_batches"] = report.micro_batches;
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   for (std::size_t rank = 0; rank < report.ranks.size(); ++rank) {
@@ -50,10 +52,11 @@ void write_report_text(const SimulationReport& report, const Cluster& cluster, s
              100.0 * gap_to_lower_bound(report.step_time_s, bound.time_s), bound.binding);
   fmt::print(out,
              "  {} micro-batches, imbalance {:.3f} (max/mean busy), exposed communication "
-             "{:.1f}%, peak memory {:.2f} GiB, gradient sync {:.4f} s\n",
+             "{:.1f}%, peak memory {:.2f} GiB, gradient sync {:.4f} s ({}: {:.4f} s exposed)\n",
              report.micro_batches, report.imbalance,
              100.0 * report.exposed_communication_fraction, report.peak_memory_bytes / kGiB,
-             report.gradient_sync_s);
+             report.gradient_sync_s, gradient_sync_name(report.gradient_sync),
+             report.gradient_sync_exposed_s);
   std::vector<std::size_t> order(report.ranks.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {

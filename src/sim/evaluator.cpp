@@ -6,16 +6,26 @@
 
 namespace ballast {
 
-SimulatorEvaluator::SimulatorEvaluator(const CostModel& cost) : cost_(cost) {}
+SimulatorEvaluator::SimulatorEvaluator(const CostModel& cost, GradientSync gradient_sync)
+    : cost_(cost), gradient_sync_(gradient_sync) {}
 
 Seconds SimulatorEvaluator::step_time_s(const Plan& validated_plan) const {
-  return sim::simulate_validated(validated_plan, cost_, {}).step_time_s;
+  return sim::simulate_validated(validated_plan, cost_, {.gradient_sync = gradient_sync_})
+      .step_time_s;
 }
 
 Seconds SimulatorEvaluator::transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
                                             int routing_proxies, int routing_chunks) const {
-  return isolated_transfer_time_s(cost_, bytes_per_layer, src_rank, dst_rank, routing_proxies,
-                                  routing_chunks);
+  const TransferKey key{bytes_per_layer, src_rank, dst_rank, routing_proxies, routing_chunks};
+  {
+    const std::lock_guard<std::mutex> lock(transfers_mutex_);
+    if (const auto it = transfers_.find(key); it != transfers_.end()) return it->second;
+  }
+  const Seconds time_s = isolated_transfer_time_s(cost_, bytes_per_layer, src_rank, dst_rank,
+                                                  routing_proxies, routing_chunks);
+  const std::lock_guard<std::mutex> lock(transfers_mutex_);
+  transfers_.emplace(key, time_s);
+  return time_s;
 }
 
 }  // namespace ballast

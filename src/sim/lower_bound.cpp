@@ -26,7 +26,8 @@ Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel&
 
 }  // namespace
 
-LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
+LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost,
+                       GradientSync gradient_sync) {
   const int ranks = cost.cluster().ranks();
   BALLAST_CHECK(ranks > 0, "a validated cluster has ranks");
   if (static_cast<std::int64_t>(lengths_tokens.size()) > kMaxBatchSequences) {
@@ -56,7 +57,11 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   bound.min_micro_batches = ceil_div(total_tokens, saturating_multiply(ranks, capacity_tokens));
   bound.compute_per_rank_s = total_compute_s(lengths_tokens, cost) / ranks;
   bound.overhead_s = static_cast<double>(bound.min_micro_batches) * overhead_s;
-  bound.gradient_sync_s = cost.gradient_sync_time_s();
+  // Overlapped, the last bucket still waits for the end of the last backward pass.
+  bound.gradient_sync_s =
+      gradient_sync == GradientSync::end
+          ? cost.gradient_sync_time_s()
+          : cost.gradient_bucket_sync_time_s(gradient_sync_buckets(cost.model()));
   // Every rank-micro-batch holding tokens holds at most `capacity` of them and pays the
   // overhead: at least ceil(total / capacity) such slots exist, shared by all ranks.
   const Tokens slots = ceil_div(total_tokens, capacity_tokens);

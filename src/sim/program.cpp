@@ -127,14 +127,31 @@ class StepBuilder {
         graph_(graph),
         cursor_(static_cast<std::size_t>(plan.cluster.ranks()), -1) {}
 
-  void build() {
+  int build(GradientSync gradient_sync) {
+    std::vector<int> backward_start = cursor_;
+    std::vector<Seconds> backward_compute_s(cursor_.size(), 0.0);
     for (std::size_t m = 0; m < plan_.micro_batches.size(); ++m) {
       const int index = static_cast<int>(m);
       const MicroBatchLayout layout = layout_of(plan_.micro_batches[m], index, ranks());
       add_pass(index, layout, Pass::forward);
+      backward_start = cursor_;
+      const int first_backward_task = graph_.size();
       add_pass(index, layout, Pass::backward);
+      std::fill(backward_compute_s.begin(), backward_compute_s.end(), 0.0);
+      for (int id = first_backward_task; id < graph_.size(); ++id) {
+        const Task& task = graph_.task(id);
+        if (task.kind == TaskKind::compute) {
+          backward_compute_s[graph_.parties(id)[0]] += task.duration_s;
+        }
+      }
     }
-    add_gradient_sync();
+    const int first_sync_task = graph_.size();
+    if (gradient_sync == GradientSync::end) {
+      add_gradient_sync_at_end();
+    } else {
+      add_overlapped_gradient_sync(backward_start, backward_compute_s);
+    }
+    return first_sync_task;
   }
 
  private:
@@ -206,13 +223,47 @@ class StepBuilder {
     }
   }
 
-  void add_gradient_sync() {
-    std::vector<int> everyone(cursor_.size());
-    for (int rank = 0; rank < ranks(); ++rank) everyone[rank] = rank;
+  std::vector<int> everyone() const {
+    std::vector<int> all(cursor_.size());
+    for (int rank = 0; rank < ranks(); ++rank) all[rank] = rank;
+    return all;
+  }
+
+  void add_gradient_sync_at_end() {
+    const std::vector<int> all = everyone();
     graph_.set_category(trace_category::kGradientSync);
-    graph_.add_collective(everyone, -1, cost_.gradient_sync_time_s(),
-                          ports_.collective_ports(everyone), cursor_,
-                          [] { return std::string("gradient sync"); });
+    graph_.add_collective(all, -1, cost_.gradient_sync_time_s(), ports_.collective_ports(all),
+                          cursor_, [] { return std::string("gradient sync"); });
+  }
+
+  /// Bucket b of B is ready on a rank once the rank's last backward pass has done b / B of
+  /// its compute (gradients appear at a steady rate through the backward pass: every op is
+  /// charged for all layers) and starts when every rank has it ready and the previous
+  /// bucket is done; the last bucket waits for the end of every rank's program.
+  void add_overlapped_gradient_sync(const std::vector<int>& backward_start,
+                                    const std::vector<Seconds>& backward_compute_s) {
+    const std::vector<int> all = everyone();
+    const std::vector<int> ports = ports_.collective_ports(all);
+    const int buckets = gradient_sync_buckets(cost_.model());
+    const Seconds bucket_s = cost_.gradient_bucket_sync_time_s(buckets);
+    graph_.set_category(trace_category::kGradientSync);
+    int previous = -1;
+    for (int b = 1; b <= buckets; ++b) {
+      const bool last = b == buckets;
+      const std::span<const int> deps = last ? std::span<const int>(cursor_) : std::span<const int>();
+      const int bucket = graph_.add_collective(all, -1, bucket_s, ports, deps, [&] {
+        return buckets == 1 ? std::string("gradient sync")
+                            : fmt::format("gradient sync bucket {}", b);
+      });
+      graph_.depend(bucket, previous);
+      if (!last) {
+        const double done = static_cast<double>(b) / buckets;
+        for (int rank = 0; rank < ranks(); ++rank) {
+          graph_.depend(bucket, backward_start[rank], done * backward_compute_s[rank]);
+        }
+      }
+      previous = bucket;
+    }
   }
 
   const Plan& plan_;
@@ -224,9 +275,9 @@ class StepBuilder {
 
 }  // namespace
 
-void build_step_program(const Plan& plan, const CostModel& cost, const LinkPorts& ports,
-                        TaskGraph& graph) {
-  StepBuilder(plan, cost, ports, graph).build();
+int build_step_program(const Plan& plan, const CostModel& cost, const LinkPorts& ports,
+                       GradientSync gradient_sync, TaskGraph& graph) {
+  return StepBuilder(plan, cost, ports, graph).build(gradient_sync);
 }
 
 }  // namespace ballast::sim

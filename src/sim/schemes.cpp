@@ -1,4 +1,4 @@
-// Attention schemes as tasks (local, ring with overlapped KV passing, all-gather,
+// Attention schemes as tasks (local, ring as TransformerEngine runs it, all-gather,
 // Ulysses all-to-alls) and point-to-point transfers, direct or routed over proxy GPUs in
 // pipelined pieces.
 #include "schemes.hpp"
@@ -162,60 +162,78 @@ void add_all_gather(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   }
 }
 
-/// Ring attention: at step j position i computes against the block of position
-/// (i - j) mod g while the block for step j + 1 travels (forward); backward sends the
-/// block with its partial dKV after each step and returns dKV to its owner at the end.
+/// Ring attention as TransformerEngine schedules it (docs/simulator.md section 4). At
+/// step j position i computes against the KV block of position (i - j) mod g; the block
+/// for step j + 1 travels to it during that compute (a rank sends a block once it holds it
+/// and has entered the ring, after its previous send). Backward also rotates the dKV
+/// accumulators with the blocks: after computing step j, position i adds its part to the
+/// dKV of block (i - j) (which it received from position i - 1, except for its own block
+/// at step 0) and sends it on during step j + 1; the last send takes each dKV home to
+/// its owner, where the group ends.
 void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const GroupLayout layout = layout_of(group);
   const int g = static_cast<int>(group.ranks.size());
   const bool forward = pass == Pass::forward;
   const Bytes kv_per_token = ctx.cost.model().kv_bytes_per_token();
   const auto& ranks = group.ranks;
-  std::vector<int> reach = member_cursors(ctx, group);
+  const auto position_before = [g](int i) { return (i - 1 + g) % g; };
+  const std::vector<int> reach = member_cursors(ctx, group);
   std::vector<int> last_compute = reach;
-  std::vector<int> arrived(g, -1);  // send (i - 1, j - 1): the block position i needs at step j
+  std::vector<int> kv_arrived(g, -1);   // the KV block position i computes on at step j
+  std::vector<int> last_kv_send(g, -1);
+  std::vector<int> dkv_arrived(g, -1);  // the dKV accumulator of that block (backward)
+  std::vector<int> last_dkv_send(g, -1);
   for (int j = 0; j < g; ++j) {
-    std::vector<int> sends(g, -1);
+    std::vector<int> kv_sends(g, -1);
+    std::vector<int> dkv_sends(g, -1);
     for (int i = 0; i < g; ++i) {
       const int owner = ((i - j) % g + g) % g;
-      const int block = j == 0 ? -1 : arrived[i];
+      const int next = (i + 1) % g;
+      const Bytes block_bytes = kv_per_token * layout.tokens[owner];
+      if (j < g - 1) {
+        const int holds_block[] = {reach[i], j == 0 ? -1 : kv_arrived[i], last_kv_send[i]};
+        kv_sends[i] = add_p2p(ctx, ranks[i], ranks[next], block_bytes,
+                              ctx.graph.add_join(holds_block), group.routing_proxies,
+                              group.routing_chunks, [&] {
+                                return fmt::format("ring kv {} g{} step {}", pass_name(pass), g,
+                                                   j);
+                              });
+        if (kv_sends[i] >= 0) last_kv_send[i] = kv_sends[i];
+      }
       const Seconds compute_s =
           attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner), 1, pass);
       last_compute[i] = ctx.graph.add_compute(
-          ranks[i], ctx.micro_batch, compute_s, {last_compute[i], block},
+          ranks[i], ctx.micro_batch, compute_s, {last_compute[i], j == 0 ? -1 : kv_arrived[i]},
           [&] { return fmt::format("attention {} ring g{} step {}", pass_name(pass), g, j); });
-      const int next = (i + 1) % g;
-      const Bytes block_bytes = kv_per_token * layout.tokens[owner];
-      if (forward && j < g - 1) {
-        // A rank forwards a block only once it has entered the group (its receive and send
-        // buffers are posted when it reaches the ring in its own program) and holds it.
-        const int holds_block[] = {reach[i], block};
-        const int ready = j == 0 ? reach[i] : ctx.graph.add_join(holds_block);
-        sends[i] = add_p2p(ctx, ranks[i], ranks[next], block_bytes, ready, group.routing_proxies,
-                           group.routing_chunks,
-                           [&] { return fmt::format("ring kv fwd g{} step {}", g, j); });
-      } else if (!forward) {
-        const bool last = j == g - 1;  // the last send carries only the dKV home
-        sends[i] = add_p2p(ctx, ranks[i], ranks[next], (last ? 1 : 2) * block_bytes,
-                           last_compute[i], group.routing_proxies, group.routing_chunks, [&] {
-                             return last ? fmt::format("ring dkv bwd g{}", g)
-                                         : fmt::format("ring kv+dkv bwd g{} step {}", g, j);
-                           });
+      if (!forward) {
+        const int dkv_ready[] = {last_compute[i], j == 0 ? -1 : dkv_arrived[i], last_dkv_send[i]};
+        const bool home = j == g - 1;  // the last send takes the dKV to its owner
+        dkv_sends[i] = add_p2p(
+            ctx, ranks[i], ranks[next], block_bytes, ctx.graph.add_join(dkv_ready),
+            group.routing_proxies, group.routing_chunks, [&] {
+              return home ? fmt::format("ring dkv home bwd g{}", g)
+                          : fmt::format("ring dkv bwd g{} step {}", g, j);
+            });
+        if (dkv_sends[i] >= 0) last_dkv_send[i] = dkv_sends[i];
       }
     }
-    for (int i = 0; i < g; ++i) arrived[i] = sends[(i - 1 + g) % g];
+    for (int i = 0; i < g; ++i) {
+      kv_arrived[i] = kv_sends[position_before(i)];
+      dkv_arrived[i] = dkv_sends[position_before(i)];
+    }
   }
   for (int i = 0; i < g; ++i) {
-    const int ends[] = {last_compute[i], forward ? -1 : arrived[i]};
+    const int ends[] = {last_compute[i], forward ? -1 : dkv_arrived[i]};
     ctx.cursor[ranks[i]] = ctx.graph.add_join(ends);
   }
 }
 
 int add_direct_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer,
-                        int dep, const std::function<std::string()>& name) {
+                        std::initializer_list<int> deps, const std::function<std::string()>& name) {
   return ctx.graph.add_transfer(src_rank, dst_rank, ctx.micro_batch,
                                 ctx.cost.p2p_time_s(bytes_per_layer, src_rank, dst_rank),
-                                ctx.ports.transfer_ports(src_rank, dst_rank), {dep}, name);
+                                ctx.cost.p2p_latency_s(src_rank, dst_rank),
+                                ctx.ports.transfer_ports(src_rank, dst_rank), deps, name);
 }
 
 /// Zeppelin routing: part t of k carries routed_part_range(B, k, t). Part 0 leaves through
@@ -230,12 +248,12 @@ int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
   const Cluster& cluster = ctx.cost.cluster();
   std::vector<int> arrivals;
   arrivals.push_back(add_direct_transfer(ctx, src_rank, dst_rank,
-                                         routed_part_range(bytes_per_layer, parts, 0).size(), dep,
-                                         [&] { return name() + " (nic)"; }));
-  // Pieces are created round-robin over the parts (piece 0 of every part first): all
-  // dispatches are ready together and share the sender's NVLink port, which serves equal
-  // ready times in creation order, so every proxy NIC gets its first piece early. A
-  // part's pieces hold the same ports and run in order, so its last piece arrives last.
+                                         routed_part_range(bytes_per_layer, parts, 0).size(),
+                                         {dep}, [&] { return name() + " (nic)"; }));
+  // Each stage of a part sends its pieces one after another (the routing layer streams
+  // them), so one piece's NIC crossing overlaps the next one's dispatch and the previous
+  // one's combine; the parts' dispatches share the sender's NVLink port and their
+  // combines the receiver's.
   std::vector<Bytes> part_bytes(static_cast<std::size_t>(parts));
   std::vector<Bytes> piece_bytes(static_cast<std::size_t>(parts));
   for (int t = 1; t < parts; ++t) {
@@ -243,6 +261,8 @@ int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
     piece_bytes[t] = ceil_div(part_bytes[t], chunks);
   }
   std::vector<int> last_piece(static_cast<std::size_t>(parts), -1);
+  std::vector<int> last_dispatch(static_cast<std::size_t>(parts), -1);
+  std::vector<int> last_crossing(static_cast<std::size_t>(parts), -1);
   for (int piece = 0; piece < chunks; ++piece) {
     for (int t = 1; t < parts; ++t) {
       const Bytes begin = piece * piece_bytes[t];
@@ -250,11 +270,13 @@ int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
       const Bytes bytes = std::min(piece_bytes[t], part_bytes[t] - begin);
       const int from = routing_proxy(cluster, src_rank, t);
       const int to = routing_proxy(cluster, dst_rank, t);
-      const int dispatched = add_direct_transfer(ctx, src_rank, from, bytes, dep,
-                                                 [&] { return name() + " (dispatch)"; });
-      const int crossed =
-          add_direct_transfer(ctx, from, to, bytes, dispatched, [&] { return name() + " (nic)"; });
-      last_piece[t] = add_direct_transfer(ctx, to, dst_rank, bytes, crossed,
+      last_dispatch[t] = add_direct_transfer(ctx, src_rank, from, bytes, {dep, last_dispatch[t]},
+                                             [&] { return name() + " (dispatch)"; });
+      last_crossing[t] = add_direct_transfer(ctx, from, to, bytes,
+                                             {last_dispatch[t], last_crossing[t]},
+                                             [&] { return name() + " (nic)"; });
+      last_piece[t] = add_direct_transfer(ctx, to, dst_rank, bytes,
+                                          {last_crossing[t], last_piece[t]},
                                           [&] { return name() + " (combine)"; });
     }
   }
@@ -288,7 +310,9 @@ int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer
             int routing_proxies, int routing_chunks, const std::function<std::string()>& name) {
   if (src_rank == dst_rank || bytes_per_layer <= 0) return dep;
   const int parts = routing_parts(ctx.cost.cluster(), routing_proxies, src_rank, dst_rank);
-  if (parts == 1) return add_direct_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, name);
+  if (parts == 1) {
+    return add_direct_transfer(ctx, src_rank, dst_rank, bytes_per_layer, {dep}, name);
+  }
   return add_routed_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, parts, routing_chunks,
                              name);
 }

@@ -60,9 +60,9 @@ void account_ranks(const sim::TaskGraph& graph, Seconds step_s, std::vector<Rank
   std::vector<std::vector<Interval>> communication(ranks.size());
   for (int id = 0; id < graph.size(); ++id) {
     const sim::Task& task = graph.task(id);
-    if (task.duration_s <= 0 || task.kind == sim::TaskKind::join) continue;
+    if (task.end_s <= task.start_s || task.kind == sim::TaskKind::join) continue;
     auto& lists = task.kind == sim::TaskKind::compute ? compute : communication;
-    for (int rank : graph.parties(id)) lists[rank].emplace_back(task.start_s, task.end_s());
+    for (int rank : graph.parties(id)) lists[rank].emplace_back(task.start_s, task.end_s);
   }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const std::vector<Interval> busy = merged(std::move(compute[r]));
@@ -92,12 +92,12 @@ std::vector<TraceEvent> trace_of(const sim::TaskGraph& graph) {
   std::vector<std::tuple<int, Seconds, int, int, TraceEvent>> keyed;
   for (int id = 0; id < graph.size(); ++id) {
     const sim::Task& task = graph.task(id);
-    if (task.duration_s <= 0 || task.kind == sim::TaskKind::join) continue;
+    if (task.end_s <= task.start_s || task.kind == sim::TaskKind::join) continue;
     const auto parties = graph.parties(id);
     for (std::size_t p = 0; p < parties.size(); ++p) {
       TraceEvent event{parties[p],     lane_of(task.kind, p == 0),
                        graph.name(id), task.micro_batch,
-                       task.start_s,   task.duration_s,
+                       task.start_s,   task.end_s - task.start_s,
                        graph.category(id)};
       keyed.emplace_back(event.rank, event.start_s, trace_lane_index(event.lane), id, std::move(event));
     }
@@ -131,6 +131,21 @@ void summarise(SimulationReport& report) {
 
 }  // namespace
 
+const char* gradient_sync_name(GradientSync mode) {
+  return mode == GradientSync::overlap ? "overlap" : "end";
+}
+
+GradientSync parse_gradient_sync(const std::string& text, const std::string& setting) {
+  if (text == "overlap") return GradientSync::overlap;
+  if (text == "end") return GradientSync::end;
+  throw InputError(fmt::format(
+      "{} '{}' is not a gradient sync mode; use overlap (buckets overlapped with the "
+      "backward pass, the default) or end (all of it after the last backward pass)",
+      setting, text));
+}
+
+int gradient_sync_buckets(const Model& model) { return std::max(1, model.layers); }
+
 SimulationReport simulate(const Plan& plan, const CostModel& cost,
                           const SimulationOptions& options) {
   require_valid(plan, cost, "plan");
@@ -143,7 +158,8 @@ SimulationReport simulate_validated(const Plan& plan, const CostModel& cost,
                                     const SimulationOptions& options) {
   const sim::LinkPorts ports(plan.cluster);
   sim::TaskGraph graph(options.record_trace);
-  sim::build_step_program(plan, cost, ports, graph);
+  const int first_sync_task =
+      sim::build_step_program(plan, cost, ports, options.gradient_sync, graph);
   graph.run(ports.count());
 
   SimulationReport report;
@@ -151,10 +167,14 @@ SimulationReport simulate_validated(const Plan& plan, const CostModel& cost,
   report.gpus_per_node = plan.cluster.gpus_per_node;
   report.micro_batches = static_cast<int>(plan.micro_batches.size());
   report.gradient_sync_s = cost.gradient_sync_time_s();
-  report.lower_bound = lower_bound(plan.sequence_lengths_tokens, cost);
+  report.gradient_sync = options.gradient_sync;
+  report.lower_bound = lower_bound(plan.sequence_lengths_tokens, cost, options.gradient_sync);
+  Seconds work_end_s = 0;  // the end of the last compute or transfer, gradient sync aside
   for (int id = 0; id < graph.size(); ++id) {
-    report.step_time_s = std::max(report.step_time_s, graph.task(id).end_s());
+    report.step_time_s = std::max(report.step_time_s, graph.task(id).end_s);
+    if (id < first_sync_task) work_end_s = std::max(work_end_s, graph.task(id).end_s);
   }
+  report.gradient_sync_exposed_s = report.step_time_s - work_end_s;
   report.ranks.resize(static_cast<std::size_t>(plan.cluster.ranks()));
   account_ranks(graph, report.step_time_s, report.ranks);
   const std::vector<Bytes> peak_bytes = peak_memory_bytes_per_rank(plan, cost);
@@ -205,7 +225,7 @@ Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, i
   const int arrival = sim::add_p2p(ctx, src, dst, bytes_per_layer, -1, routing_proxies,
                                    routing_chunks, [] { return std::string(); });
   graph.run(ports.count());
-  return arrival < 0 ? 0.0 : graph.task(arrival).end_s();
+  return arrival < 0 ? 0.0 : graph.task(arrival).end_s;
 }
 
 }  // namespace ballast

@@ -1,5 +1,5 @@
-// The simulator's task graph and its event pump: link ports, dependencies, and the
-// FIFO-by-ready-time list schedule that makes NIC sharing and contention visible.
+// The simulator's task graph and its event-driven run: link ports, dependencies, and
+// flow-level max-min fair sharing of every port by the transfers on it.
 #include "timeline.hpp"
 
 #include <algorithm>
@@ -60,10 +60,11 @@ int TaskGraph::add_task(TaskKind kind, int micro_batch, Seconds duration_s,
   return id;
 }
 
-void TaskGraph::depend(int task_id, int dep_id) {
+void TaskGraph::depend(int task_id, int dep_id, Seconds delay_s) {
   if (dep_id < 0) return;
   BALLAST_CHECK(dep_id < task_id, "tasks depend only on earlier tasks");
-  edges_.emplace_back(dep_id, task_id);
+  BALLAST_CHECK(delay_s >= 0, "dependency delays are non-negative");
+  edges_.push_back({dep_id, task_id, delay_s});
 }
 
 int TaskGraph::add_join(std::span<const int> deps) {
@@ -93,49 +94,324 @@ const std::string& TaskGraph::name(int id) const {
   return names_[id];
 }
 
-void TaskGraph::run(int port_count) {
-  const int n = size();
-  // Successor lists in compressed form: successors[offsets[id] .. offsets[id + 1]).
-  std::vector<int> offsets(n + 1, 0);
-  std::vector<int> pending(n, 0);
-  for (const auto& [dep, dependent] : edges_) {
-    ++offsets[dep + 1];
-    ++pending[dependent];
-  }
-  for (int i = 0; i < n; ++i) offsets[i + 1] += offsets[i];
-  std::vector<int> successors(edges_.size());
-  std::vector<int> fill(offsets.begin(), offsets.end() - 1);
-  for (const auto& [dep, dependent] : edges_) successors[fill[dep]++] = dependent;
+namespace {
 
-  std::vector<Seconds> ready_s(n, 0.0);
-  std::vector<Seconds> port_free_s(port_count, 0.0);
-  using Event = std::pair<Seconds, int>;  // (ready time, task id): ties by task id
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> queue;
-  for (int id = 0; id < n; ++id) {
-    if (pending[id] == 0) queue.emplace(0.0, id);
+/// What happens at an event's time.
+enum class EventKind : std::uint8_t {
+  ready,       ///< a task whose last dependency asked for a delay is ready
+  activate,    ///< a transfer's latency is over: its data starts to flow
+  take_ports,  ///< a collective starts: transfers on its ports pause
+  finish,      ///< a task ends (a transfer's only if `version` is still current)
+};
+
+struct Event {
+  Seconds time_s = 0;
+  std::int64_t order = 0;  ///< scheduling order: ties at equal times run in this order
+  EventKind kind = EventKind::finish;
+  int task = 0;
+  int version = 0;
+  bool operator>(const Event& other) const {
+    return time_s != other.time_s ? time_s > other.time_s : order > other.order;
   }
-  int started = 0;
-  while (!queue.empty()) {
-    const auto [ready, id] = queue.top();
-    queue.pop();
+};
+
+}  // namespace
+
+/// The event-driven run of one TaskGraph (see TaskGraph::run). Events of one time are
+/// handled together and the transfers' rates recomputed once after them, for the
+/// transfers sharing ports with what changed.
+class FlowSimulation {
+ public:
+  FlowSimulation(std::vector<Task>& tasks, const std::vector<int>& port_pool,
+                 const std::vector<Edge>& edges, int port_count)
+      : tasks_(tasks),
+        port_pool_(port_pool),
+        flow_(tasks.size()),
+        port_flows_(static_cast<std::size_t>(port_count)),
+        port_frozen_(static_cast<std::size_t>(port_count), 0),
+        port_collective_free_s_(static_cast<std::size_t>(port_count), 0.0),
+        port_mark_(static_cast<std::size_t>(port_count), -1),
+        port_slot_(static_cast<std::size_t>(port_count), 0) {
+    const int n = static_cast<int>(tasks_.size());
+    offsets_.assign(n + 1, 0);
+    pending_.assign(n, 0);
+    for (const Edge& edge : edges) {
+      ++offsets_[edge.dependency + 1];
+      ++pending_[edge.dependent];
+    }
+    for (int i = 0; i < n; ++i) offsets_[i + 1] += offsets_[i];
+    successors_.resize(edges.size());
+    std::vector<int> fill(offsets_.begin(), offsets_.end() - 1);
+    for (const Edge& edge : edges) successors_[fill[edge.dependency]++] = edge;
+    ready_s_.assign(n, 0.0);
+  }
+
+  /// Returns the number of tasks that ran (all of them: the graph is acyclic).
+  int run() {
+    for (int id = 0; id < static_cast<int>(tasks_.size()); ++id) {
+      if (pending_[id] == 0) start(id, 0.0);
+    }
+    while (!events_.empty() || !immediate_.empty()) {
+      now_s_ = immediate_.empty() ? events_.top().time_s : now_s_;
+      // Every event of this time, those it schedules for the same time included (in a FIFO
+      // beside the heap: most events of a step are zero-time joins and latency-free starts).
+      for (;;) {
+        if (next_immediate_ < immediate_.size()) {
+          handle(immediate_[next_immediate_++]);
+        } else if (!events_.empty() && events_.top().time_s == now_s_) {
+          const Event event = events_.top();
+          events_.pop();
+          handle(event);
+        } else {
+          break;
+        }
+      }
+      immediate_.clear();
+      next_immediate_ = 0;
+      rebalance(now_s_);
+    }
+    return finished_;
+  }
+
+ private:
+  /// A transfer's data phase.
+  struct Flow {
+    Seconds remaining_s = 0;  ///< time left at full speed
+    double rate = 0;          ///< fraction of full speed now
+    Seconds updated_s = 0;    ///< when remaining_s was last brought up to date
+    int version = 0;          ///< bumped whenever its predicted finish changes
+    bool active = false;
+    bool collected = false;  ///< scratch: in the component being rebalanced
+    bool fixed = false;      ///< scratch: its rate is settled in this rebalance
+  };
+
+  void schedule(Seconds time_s, EventKind kind, int task, int version = 0) {
+    const Event event{time_s, next_order_++, kind, task, version};
+    if (time_s == now_s_) {
+      immediate_.push_back(event);
+    } else {
+      events_.push(event);
+    }
+  }
+
+  std::span<const int> ports_of(int id) const {
+    const Task& t = tasks_[id];
+    return {port_pool_.data() + t.ports_begin, port_pool_.data() + t.ports_end};
+  }
+
+  void touch(int id) {
+    for (int port : ports_of(id)) dirty_ports_.push_back(port);
+  }
+
+  void handle(const Event& event) {
+    const int id = event.task;
+    switch (event.kind) {
+      case EventKind::ready:
+        start(id, event.time_s);
+        return;
+      case EventKind::activate: {
+        Flow& flow = flow_[id];
+        const Task& t = tasks_[id];
+        flow.remaining_s = t.duration_s - t.latency_s;
+        flow.updated_s = event.time_s;
+        if (flow.remaining_s <= 0 || t.ports_end == t.ports_begin) {
+          schedule(event.time_s + std::max(0.0, flow.remaining_s), EventKind::finish, id,
+                   flow.version);
+          return;
+        }
+        flow.active = true;
+        for (int port : ports_of(id)) port_flows_[port].push_back(id);
+        touch(id);
+        return;
+      }
+      case EventKind::take_ports:
+        for (int port : ports_of(id)) ++port_frozen_[port];
+        touch(id);
+        schedule(tasks_[id].start_s + tasks_[id].duration_s, EventKind::finish, id);
+        return;
+      case EventKind::finish:
+        if (tasks_[id].kind == TaskKind::transfer && event.version != flow_[id].version) {
+          return;  // the transfer's rate changed since this prediction
+        }
+        finish(id, event.time_s);
+        return;
+    }
+  }
+
+  void start(int id, Seconds now_s) {
     Task& t = tasks_[id];
+    t.start_s = now_s;
     // A zero-time task moves no data: it neither waits for nor holds a port.
-    const bool holds_ports = t.duration_s > 0;
-    t.start_s = ready;
-    for (int p = t.ports_begin; holds_ports && p < t.ports_end; ++p) {
-      t.start_s = std::max(t.start_s, port_free_s[port_pool_[p]]);
+    if (t.duration_s <= 0 || t.kind == TaskKind::compute || t.kind == TaskKind::join) {
+      schedule(now_s + std::max(0.0, t.duration_s), EventKind::finish, id);
+      return;
     }
-    for (int p = t.ports_begin; holds_ports && p < t.ports_end; ++p) {
-      port_free_s[port_pool_[p]] = t.end_s();
+    if (t.kind == TaskKind::collective) {
+      for (int port : ports_of(id)) t.start_s = std::max(t.start_s, port_collective_free_s_[port]);
+      for (int port : ports_of(id)) port_collective_free_s_[port] = t.start_s + t.duration_s;
+      schedule(t.start_s, EventKind::take_ports, id);
+      return;
     }
-    ++started;
-    for (int s = offsets[id]; s < offsets[id + 1]; ++s) {
-      const int next = successors[s];
-      ready_s[next] = std::max(ready_s[next], t.end_s());
-      if (--pending[next] == 0) queue.emplace(ready_s[next], next);
+    schedule(now_s + t.latency_s, EventKind::activate, id);  // a transfer
+  }
+
+  void finish(int id, Seconds now_s) {
+    Task& t = tasks_[id];
+    t.end_s = now_s;
+    if (t.kind == TaskKind::collective && t.duration_s > 0) {
+      for (int port : ports_of(id)) --port_frozen_[port];
+      touch(id);
+    }
+    if (t.kind == TaskKind::transfer && flow_[id].active) {
+      flow_[id].active = false;
+      for (int port : ports_of(id)) {
+        auto& flows = port_flows_[port];
+        flows.erase(std::find(flows.begin(), flows.end(), id));
+      }
+      touch(id);
+    }
+    ++finished_;
+    for (int e = offsets_[id]; e < offsets_[id + 1]; ++e) {
+      const Edge& edge = successors_[e];
+      const int next = edge.dependent;
+      ready_s_[next] = std::max(ready_s_[next], now_s + edge.delay_s);
+      if (--pending_[next] != 0) continue;
+      if (ready_s_[next] > now_s) {
+        schedule(ready_s_[next], EventKind::ready, next);
+      } else {
+        start(next, now_s);
+      }
     }
   }
-  BALLAST_CHECK(started == n, "every task of the step runs (the graph is acyclic)");
+
+  /// Recomputes the max-min fair rates of every transfer connected through shared ports
+  /// to the ports touched since the last call, and their predicted finishes.
+  void rebalance(Seconds now_s) {
+    if (dirty_ports_.empty()) return;
+    ++mark_;
+    component_ports_.clear();
+    component_flows_.clear();
+    for (int port : dirty_ports_) visit_port(port);
+    dirty_ports_.clear();
+    for (std::size_t i = 0; i < component_ports_.size(); ++i) {
+      for (int id : port_flows_[component_ports_[i]]) {
+        Flow& flow = flow_[id];
+        if (flow.collected) continue;
+        flow.collected = true;
+        component_flows_.push_back(id);
+        for (int port : ports_of(id)) visit_port(port);
+      }
+    }
+    for (int id : component_flows_) {
+      Flow& flow = flow_[id];
+      flow.remaining_s = std::max(0.0, flow.remaining_s - flow.rate * (now_s - flow.updated_s));
+      flow.updated_s = now_s;
+      flow.collected = false;
+    }
+    fill_progressively(now_s);
+  }
+
+  /// Progressive filling over the component (every port capacity 1, 0 while a collective
+  /// holds it): the port with the smallest fair share (capacity left / transfers not yet
+  /// fixed) fixes its transfers at that share. Fixing a transfer never lowers another
+  /// port's share, so a min-heap with stale entries skipped finds the bottlenecks in
+  /// O((ports + transfers) log ports).
+  void fill_progressively(Seconds now_s) {
+    if (component_flows_.size() == 1) {  // alone: full speed unless a collective holds a port
+      const int id = component_flows_.front();
+      double share = 1.0;
+      for (int port : ports_of(id)) {
+        if (port_frozen_[port] > 0) share = 0.0;
+      }
+      set_rate(id, share, now_s);
+      return;
+    }
+    const std::size_t ports = component_ports_.size();
+    capacity_.assign(ports, 0.0);
+    unfixed_.assign(ports, 0);
+    // A min-heap of (fair share, slot) in a reused vector; ties by slot.
+    auto& shares = shares_;
+    shares.clear();
+    const auto push = [&shares](double share, int slot) {
+      shares.emplace_back(share, slot);
+      std::push_heap(shares.begin(), shares.end(), std::greater<>());
+    };
+    for (std::size_t i = 0; i < ports; ++i) {
+      const int port = component_ports_[i];
+      capacity_[i] = port_frozen_[port] > 0 ? 0.0 : 1.0;
+      unfixed_[i] = static_cast<int>(port_flows_[port].size());
+      if (unfixed_[i] > 0) push(capacity_[i] / unfixed_[i], static_cast<int>(i));
+    }
+    while (!shares.empty()) {
+      std::pop_heap(shares.begin(), shares.end(), std::greater<>());
+      const auto [share, slot] = shares.back();
+      shares.pop_back();
+      if (unfixed_[slot] == 0 || share != std::max(0.0, capacity_[slot]) / unfixed_[slot]) {
+        continue;  // stale: the port's share grew since this entry, or it is done
+      }
+      for (int id : port_flows_[component_ports_[slot]]) {
+        Flow& flow = flow_[id];
+        if (flow.fixed) continue;
+        flow.fixed = true;
+        for (int port : ports_of(id)) {
+          const int other = port_slot_[port];
+          capacity_[other] -= share;
+          --unfixed_[other];
+          if (other != slot && unfixed_[other] > 0) {
+            push(std::max(0.0, capacity_[other]) / unfixed_[other], other);
+          }
+        }
+        set_rate(id, share, now_s);
+      }
+    }
+    for (int id : component_flows_) flow_[id].fixed = false;
+  }
+
+  /// A transfer's new rate and, when it changed (or is its first), its predicted finish.
+  void set_rate(int id, double rate, Seconds now_s) {
+    Flow& flow = flow_[id];
+    if (flow.rate == rate && flow.version != 0) return;
+    flow.rate = rate;
+    ++flow.version;
+    if (rate > 0) schedule(now_s + flow.remaining_s / rate, EventKind::finish, id, flow.version);
+  }
+
+  void visit_port(int port) {
+    if (port_mark_[port] == mark_) return;
+    port_mark_[port] = mark_;
+    port_slot_[port] = static_cast<int>(component_ports_.size());
+    component_ports_.push_back(port);
+  }
+
+  std::vector<Task>& tasks_;
+  const std::vector<int>& port_pool_;
+  std::vector<int> offsets_, pending_;
+  std::vector<Edge> successors_;  ///< by dependency: successors_[offsets_[id] .. offsets_[id+1])
+  std::vector<Seconds> ready_s_;
+  std::vector<Flow> flow_;                     ///< per task; used by transfers
+  std::vector<std::vector<int>> port_flows_;   ///< active transfers on each port
+  std::vector<int> port_frozen_;               ///< collectives holding each port now
+  std::vector<Seconds> port_collective_free_s_;
+  std::vector<int> port_mark_;  ///< == mark_ when the port is in the current component
+  std::vector<int> port_slot_;  ///< its index in component_ports_ then
+  int mark_ = 0;
+  std::vector<int> dirty_ports_;  ///< touched since the last rebalance
+  std::vector<int> component_ports_, component_flows_;
+  std::vector<double> capacity_;
+  std::vector<int> unfixed_;
+  std::vector<std::pair<double, int>> shares_;  ///< fill_progressively's heap
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  std::vector<Event> immediate_;  ///< events scheduled for now_s_, in order
+  std::size_t next_immediate_ = 0;
+  Seconds now_s_ = 0;
+  std::int64_t next_order_ = 0;
+  int finished_ = 0;
+};
+
+void TaskGraph::run(int port_count) {
+  FlowSimulation simulation(tasks_, port_pool_, edges_, port_count);
+  const int finished = simulation.run();
+  BALLAST_CHECK(finished == size(), "every task of the step runs (the graph is acyclic)");
 }
 
 }  // namespace ballast::sim

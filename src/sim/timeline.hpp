@@ -1,7 +1,10 @@
 // Internal to the simulator: the task graph of one step (compute ops, transfers,
-// collectives, joins) and the link ports they hold, run by a tiny explicit event pump.
+// collectives, joins) and the link ports they use, run by an event-driven simulation in
+// which concurrent transfers share each port max-min fairly (flow-level, as the analytical
+// network backends of ASTRA-sim and SimAI do).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -14,8 +17,12 @@
 
 namespace ballast::sim {
 
-/// Port indices of every link endpoint of a cluster: per rank an NVLink tx and rx port,
-/// per NIC a tx and rx port. A port serves one task at a time.
+/// Port indices of every link endpoint of a cluster: per rank an NVLink tx and rx port
+/// (on NVSwitch machines a GPU sends to any peers at once, up to its aggregate NVLink
+/// bandwidth: one port per direction, not one per peer), per NIC a tx and rx port (shared
+/// by the GPUs that use the NIC). Every port of a kind has the same bandwidth, which is
+/// also the rate one transfer alone reaches on it, so a port's capacity is 1 (one
+/// transfer at full speed) and concurrent transfers split it max-min fairly.
 class LinkPorts {
  public:
   explicit LinkPorts(const Cluster& cluster);
@@ -38,15 +45,25 @@ class LinkPorts {
 
 enum class TaskKind : std::uint8_t { compute, transfer, collective, join };
 
+/// `dependent` is ready no earlier than `delay_s` after `dependency` ends.
+struct Edge {
+  int dependency = 0;
+  int dependent = 0;
+  Seconds delay_s = 0;
+};
+
 struct Task {
   TaskKind kind = TaskKind::join;
   int micro_batch = -1;
+  /// compute, collective: its time. transfer: its time alone on idle links, latency_s
+  /// (which holds no port) then the data at full speed on its ports.
   Seconds duration_s = 0;
+  Seconds latency_s = 0;  ///< transfer only
   int ports_begin = 0, ports_end = 0;  ///< range in the port pool
   int parties_begin = 0,
       parties_end = 0;  ///< compute: {rank}; transfer: {src, dst}; collective: members
   Seconds start_s = 0;  ///< filled by TaskGraph::run()
-  Seconds end_s() const { return start_s + duration_s; }
+  Seconds end_s = 0;    ///< filled by TaskGraph::run()
 };
 
 /// Tasks are created in a topological order (a task depends only on earlier tasks), so
@@ -61,11 +78,16 @@ class TaskGraph {
     const int parties[] = {rank};
     return named(add_task(TaskKind::compute, micro_batch, duration_s, {}, parties, deps), name);
   }
+  /// A transfer taking `duration_s` alone on idle links, the first `latency_s` of which
+  /// hold no port; the rest is shared with the other transfers on its ports.
   template <typename NameFn>
   int add_transfer(int src_rank, int dst_rank, int micro_batch, Seconds duration_s,
-                   std::span<const int> ports, std::initializer_list<int> deps, NameFn&& name) {
+                   Seconds latency_s, std::span<const int> ports, std::initializer_list<int> deps,
+                   NameFn&& name) {
     const int parties[] = {src_rank, dst_rank};
-    return named(add_task(TaskKind::transfer, micro_batch, duration_s, ports, parties, deps), name);
+    const int id = add_task(TaskKind::transfer, micro_batch, duration_s, ports, parties, deps);
+    tasks_[id].latency_s = std::clamp(latency_s, 0.0, duration_s);
+    return named(id, name);
   }
   template <typename NameFn>
   int add_collective(std::span<const int> member_ranks, int micro_batch, Seconds duration_s,
@@ -77,9 +99,21 @@ class TaskGraph {
   /// A zero-time task that ends when all `deps` end; returns the single dep itself when
   /// there is only one, and -1 when there is none.
   int add_join(std::span<const int> deps);
+  /// `task_id` becomes ready no earlier than `delay_s` after `dep_id` ends (dep_id < task_id;
+  /// -1: nothing).
+  void depend(int task_id, int dep_id, Seconds delay_s = 0);
 
-  /// Runs the event pump: every task starts at max(ready time, all its ports free), in
-  /// order of ready time, ties by task id.
+  /// Runs the step as an event-driven simulation (docs/simulator.md section 3):
+  /// - a compute or join task starts when its dependencies have ended;
+  /// - a collective (closed-form time) starts at max(ready, its ports free of earlier
+  ///   collectives), collectives served in order of ready time; while it runs it has its
+  ///   ports to itself: transfers on them pause;
+  /// - a transfer waits its latency, then moves its data at a rate that is the max-min
+  ///   fair share of its ports (capacity 1 each), recomputed whenever a transfer starts or
+  ///   ends or a collective takes or frees a port, for the transfers sharing ports with
+  ///   the change (transitively).
+  /// Simultaneous events are handled in the order they were scheduled, so a run is
+  /// deterministic.
   void run(int port_count);
 
   int size() const { return static_cast<int>(tasks_.size()); }
@@ -96,7 +130,6 @@ class TaskGraph {
  private:
   int add_task(TaskKind kind, int micro_batch, Seconds duration_s, std::span<const int> ports,
                std::span<const int> parties, std::initializer_list<int> deps);
-  void depend(int task_id, int dep_id);
   template <typename NameFn>
   int named(int id, NameFn&& name) {
     if (keep_names_) {
@@ -110,7 +143,7 @@ class TaskGraph {
   std::vector<Task> tasks_;
   std::vector<int> port_pool_;
   std::vector<int> party_pool_;
-  std::vector<std::pair<int, int>> edges_;  ///< (dependency, dependent)
+  std::vector<Edge> edges_;
   std::vector<std::string> names_;          ///< names_[id] when keep_names_; joins get ""
   std::vector<const char*> categories_;     ///< categories_[id] when keep_names_
   const char* category_ = "";

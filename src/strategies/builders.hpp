@@ -143,7 +143,9 @@ Tokens longest_sequence_tokens_at_degree(const CostModel& cost, const PlannerOpt
 // ---- cost-only estimate ----
 /// Step time of a plan from the cost model alone: per micro-batch per rank, overhead +
 /// linear + attention + the communication it waits for (ring: overlapped with its
-/// attention); micro-batch time = max over ranks; summed, plus gradient sync.
+/// attention); micro-batch time = max over ranks; summed, plus the whole gradient sync
+/// (as the simulator's GradientSync::end: the same for every plan of a batch, so
+/// rankings do not depend on it).
 Seconds estimate_plan_time_s(const Plan& plan, const CostModel& cost);
 
 }  // namespace ballast::strategies

@@ -47,6 +47,21 @@ for r in rows:
     assert r["imbalance"] >= 1.0 - 1e-12, r
 PY
 
+# --grad-sync end pays the whole gradient sync after the last backward pass; overlap (the
+# default) hides all but what the backward pass cannot, and says which it ran.
+code=$(run "$work/sync_end.json" "$work/err" "$ballast" compare --steps 1 --grad-sync end --format json)
+check "compare --grad-sync end exits 0" test "$code" = 0
+check "grad sync: end exposes more than overlap" /usr/bin/python3 - "$work/compare.json" "$work/sync_end.json" <<'PY'
+import json, sys
+overlap, end = (json.load(open(p)) for p in sys.argv[1:3])
+assert overlap["settings"]["grad_sync"] == "overlap" and end["settings"]["grad_sync"] == "end"
+for o, e in zip(overlap["results"], end["results"]):
+    if o["error"] is not None:
+        continue
+    assert 0 <= o["gradient_sync_exposed_s"] < e["gradient_sync_exposed_s"], (o, e)
+    assert o["step_time_s"] < e["step_time_s"], (o, e)
+PY
+
 code=$(run "$work/compare.csv" "$work/err" "$ballast" compare --steps 1 --format csv --strategies packed-dp,hybrid-dp --baseline packed-dp)
 check "compare csv exits 0" test "$code" = 0
 check "compare csv header" has "$work/compare.csv" "strategy,step_time_s,lower_bound_s"
@@ -77,7 +92,7 @@ rows = {r["strategy"]: r for r in json.load(open(sys.argv[1]))["results"]}
 failed, ran = rows["packed-dp"], rows["hybrid-dp"]
 assert failed["error"] and "50,000 tokens" in failed["error"], failed
 figures = [k for k in failed if k not in ("strategy", "error")]
-assert len(figures) == 9 and all(failed[k] is None for k in figures), failed
+assert len(figures) == 10 and all(failed[k] is None for k in figures), failed
 assert ran["error"] is None and ran["speedup"] is None, ran
 assert all(ran[k] is not None for k in figures if k != "speedup"), ran
 PY
@@ -168,6 +183,7 @@ expect_error "unknown strategy" "packed-dp" compare --strategies nope
 expect_error "unknown dataset" "wlbllm" compare --dataset nope
 expect_error "unknown scenario" "default" compare --scenario nope
 expect_error "unknown cost model" "analytical" compare --cost-model nope
+expect_error "unknown gradient sync mode" "--grad-sync 'later' is not a gradient sync mode; use overlap" compare --grad-sync later --steps 1
 expect_error "missing lengths file" "no-such-file" compare --lengths "$work/no-such-file.txt"
 expect_error "missing lengths file says so" "file not found: nosuch.txt" compare --lengths nosuch.txt
 check "missing lengths file is not called a dataset" bash -c "! grep -q 'unknown dataset' '$work/err'"
@@ -190,7 +206,7 @@ done
 expect_error "compare where nothing ran" "no strategy could run: packed-dp cannot run" compare --strategies packed-dp --steps 1
 code=$(run "$work/out" "$work/err" "$ballast" compare --strategies packed-dp,hybrid-dp --baseline packed-dp --steps 1 --format csv)
 check "compare with a failing baseline exits 0" test "$code" = 0
-check "failing baseline: empty figures" has "$work/out" '^packed-dp,,,,,,,,,,"packed-dp cannot run'
+check "failing baseline: empty figures" has "$work/out" '^packed-dp,,,,,,,,,,,"packed-dp cannot run'
 check "failing baseline: no speedups" bash -c "grep -q '^hybrid-dp,[0-9.e+-]*,[0-9.e+-]*,[0-9.e+-]*,,' '$work/out'"
 # --over-context split is the default: long documents become pieces, and a warning says so.
 printf '300000\n1000\n2000\n' > "$work/long.txt"

@@ -16,7 +16,8 @@ namespace ballast::testing {
 ///   overhead    `overhead_forward_s` per rank per micro-batch (0 unless set)
 ///   p2p         2 ms (0 for the same rank or no bytes); with `p2p_from_links`, the
 ///               cluster's alpha-beta time instead (latency + bytes / bandwidth per layer)
-///   all-to-all  3 ms, all-gather 4 ms (0 for one rank), gradient sync 5 ms
+///   all-to-all  3 ms, all-gather 4 ms (0 for one rank), gradient sync 5 ms (a bucket of
+///               b: 5 / b ms)
 class FakeCostModel final : public CostModel {
  public:
   FakeCostModel(Cluster cluster, Model model) : CostModel(std::move(cluster), std::move(model)) {}
@@ -42,6 +43,9 @@ class FakeCostModel final : public CostModel {
     if (p2p_from_links) return CostModel::p2p_time_s(bytes, src_rank, dst_rank);
     return src_rank == dst_rank || bytes <= 0 ? 0.0 : 2e-3;
   }
+  Seconds p2p_latency_s(int src_rank, int dst_rank) const override {
+    return p2p_from_links ? CostModel::p2p_latency_s(src_rank, dst_rank) : 0.0;
+  }
   Seconds all_to_all_time_s(std::span<const int> ranks, std::span<const Bytes>) const override {
     return ranks.size() > 1 ? 3e-3 : 0.0;
   }
@@ -49,6 +53,7 @@ class FakeCostModel final : public CostModel {
     return ranks.size() > 1 ? 4e-3 : 0.0;
   }
   Seconds gradient_sync_time_s() const override { return 5e-3; }
+  Seconds gradient_bucket_sync_time_s(int buckets) const override { return 5e-3 / buckets; }
   Bytes memory_limit_bytes() const override { return capacity_tokens; }  // 1 byte per token
 
   Seconds overhead_forward_s = 0;

@@ -39,11 +39,39 @@ double start_of(const SimulationReport& report, int rank, const std::string& nam
   return -1;
 }
 
-SimulationReport run(const Plan& plan, const CostModel& cost) {
-  const SimulationReport report = simulate(plan, cost, {.record_trace = true});
+/// The goldens price the gradient sync at the end (GradientSync::end) unless they test the
+/// overlapped buckets: one 5 ms collective after every rank is done.
+SimulationReport run(const Plan& plan, const CostModel& cost,
+                     GradientSync gradient_sync = GradientSync::end) {
+  const SimulationReport report =
+      simulate(plan, cost, {.record_trace = true, .gradient_sync = gradient_sync});
   // The lower bound holds on every golden plan.
   EXPECT_LE(report.lower_bound.time_s, report.step_time_s + kTolerance_s);
   return report;
+}
+
+/// [start, end) in ms of `rank`'s trace events named `name` on `lane`, by start.
+std::vector<std::pair<double, double>> intervals_ms(const SimulationReport& report, int rank,
+                                                    const std::string& name,
+                                                    const std::string& lane) {
+  std::vector<std::pair<double, double>> out;
+  for (const TraceEvent& event : report.trace) {
+    if (event.rank == rank && event.name == name && event.lane == lane) {
+      out.emplace_back(event.start_s * 1e3, (event.start_s + event.duration_s) * 1e3);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void expect_intervals(const std::vector<std::pair<double, double>>& actual_ms,
+                      const std::vector<std::pair<double, double>>& expected_ms) {
+  ASSERT_EQ(actual_ms.size(), expected_ms.size());
+  for (std::size_t i = 0; i < expected_ms.size(); ++i) {
+    SCOPED_TRACE("interval " + std::to_string(i));
+    EXPECT_NEAR(actual_ms[i].first, expected_ms[i].first, 1e-9);
+    EXPECT_NEAR(actual_ms[i].second, expected_ms[i].second, 1e-9);
+  }
 }
 
 class SimulatorGolden : public ::testing::Test {
@@ -83,6 +111,9 @@ Plan two_rank_ring(const CostModel& cost, Tokens length) {
   return plan;
 }
 
+// The ring goldens follow TransformerEngine's schedule (schemes.cpp add_ring): the next KV
+// block travels during a step's compute; backward, the dKV of step j leaves after step j's
+// compute and during step j + 1's, and a last hop takes each dKV home.
 TEST_F(SimulatorGolden, RingHidesForwardCommunicationBehindLongSteps) {
   FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
   const SimulationReport report = run(two_rank_ring(cost, 400), cost);
@@ -91,15 +122,21 @@ TEST_F(SimulatorGolden, RingHidesForwardCommunicationBehindLongSteps) {
   // B.A + C.A) = 20000 pairs. Linear 200 tokens per rank: 2 fwd, 4 bwd.
   // fwd: qkv 0.5; sends [0.5, 2.5] hidden under step 0 [0.5, 20.6]; step 1 [20.6, 40.6];
   //      out 1.5 -> 42.1
-  // bwd: out 3 -> 45.1; step 0 40.2 -> 85.3; send kv+dkv [85.3, 87.3] exposed; step 1 40
-  //      -> 127.3; dkv home [127.3, 129.3] exposed; qkv 1 -> 130.3; sync -> 135.3
-  EXPECT_NEAR(report.step_time_s, ms(135.3), kTolerance_s);
-  // busy 6 + 40.1 + 80.2 = 126.3; exposed 2 + 2 + 5 (sync); idle 0
-  expect_rank(report, 0, 126.3, 9, 0);
-  expect_rank(report, 1, 126.3, 9, 0);
-  EXPECT_NEAR(report.ranks[0].communication_s, ms(11), kTolerance_s);
+  // bwd: out 3 -> 45.1; kv send [45.1, 47.1] under step 0 [45.1, 85.3]; dkv of step 0
+  //      [85.3, 87.3] under step 1 [85.3, 125.3]; dkv home [125.3, 127.3] exposed;
+  //      qkv 1 -> 128.3; sync -> 133.3
+  EXPECT_NEAR(report.step_time_s, ms(133.3), kTolerance_s);
+  // busy 6 + 40.1 + 80.2 = 126.3; exposed 2 (dkv home) + 5 (sync); idle 0
+  expect_rank(report, 0, 126.3, 7, 0);
+  expect_rank(report, 1, 126.3, 7, 0);
+  EXPECT_NEAR(report.ranks[0].communication_s, ms(13), kTolerance_s);
   EXPECT_NEAR(start_of(report, 1, "ring kv fwd g2 step 0", "recv"), ms(0.5), kTolerance_s);
   EXPECT_NEAR(start_of(report, 0, "attention fwd ring g2 step 1"), ms(20.6), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "ring kv bwd g2 step 0", "send"), ms(45.1), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "ring dkv bwd g2 step 0", "send"), ms(85.3), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "attention bwd ring g2 step 1"), ms(85.3), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "ring dkv home bwd g2", "recv"), ms(125.3), kTolerance_s);
+  EXPECT_NEAR(report.gradient_sync_exposed_s, ms(5), kTolerance_s);
 }
 
 TEST_F(SimulatorGolden, RingExposesCommunicationWhenStepsAreShort) {
@@ -109,13 +146,72 @@ TEST_F(SimulatorGolden, RingExposesCommunicationWhenStepsAreShort) {
   // Linear 20 tokens: 0.2 fwd, 0.4 bwd.
   // fwd: qkv 0.05; send [0.05, 2.05]; step 0 [0.05, 0.26]; step 1 waits for the block:
   //      [2.05, 2.25]; out 0.15 -> 2.4 (exposed 2.05 - 0.26 = 1.79)
-  // bwd: out 0.3 -> 2.7; step 0 0.42 -> 3.12; send [3.12, 5.12]; step 1 0.4 -> 5.52;
-  //      dkv home [5.52, 7.52]; qkv 0.1 -> 7.62; sync -> 12.62
-  EXPECT_NEAR(report.step_time_s, ms(12.62), kTolerance_s);
-  // busy 0.6 + 0.41 + 0.82 = 1.83; exposed 1.79 + 2 + 2 + 5 = 10.79; idle 0
-  expect_rank(report, 0, 1.83, 10.79, 0);
-  expect_rank(report, 1, 1.83, 10.79, 0);
+  // bwd: out 0.3 -> 2.7; kv send from 2.7 alone until step 0 ends (0.42 -> 3.12), when
+  //      the dkv of step 0 joins it on the same link (same peer): 1.58 left at half speed
+  //      -> 6.28; the dkv then has 0.42 left at full speed -> 6.7. Step 1 waits for the kv
+  //      block: [6.28, 6.68]; dkv home waits for the incoming dkv and its own send:
+  //      [6.7, 8.7]; qkv 0.1 -> 8.8; sync -> 13.8
+  EXPECT_NEAR(report.step_time_s, ms(13.8), kTolerance_s);
+  // busy 0.6 + 0.41 + 0.82 = 1.83; communication [0.05, 2.05] + [2.7, 8.7] + 5 = 13,
+  // under compute [0.05, 0.26], [2.7, 3.12], [6.28, 6.68] = 1.03 -> exposed 11.97; idle 0
+  expect_rank(report, 0, 1.83, 11.97, 0);
+  expect_rank(report, 1, 1.83, 11.97, 0);
   EXPECT_NEAR(start_of(report, 0, "attention fwd ring g2 step 1"), ms(2.05), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "attention bwd ring g2 step 1"), ms(6.28), kTolerance_s);
+  expect_intervals(intervals_ms(report, 0, "ring kv bwd g2 step 0", "send"), {{2.7, 6.28}});
+  expect_intervals(intervals_ms(report, 0, "ring dkv bwd g2 step 0", "send"), {{3.12, 6.7}});
+  expect_intervals(intervals_ms(report, 0, "ring dkv home bwd g2", "send"), {{6.7, 8.7}});
+}
+
+TEST_F(SimulatorGolden, FourRankRingFollowsTransformerEngineSchedule) {
+  FakeCostModel cost(fake_cluster(1, 4, 1), fake_model());
+  // One 400-token document in contiguous quarters: rank i holds [100 i, 100 i + 100). At
+  // step j rank i attends to the quarter of rank i - j: its own (5050 pairs, 5.05 fwd /
+  // 10.1 bwd) at step 0, a full earlier quarter (10000 pairs, 10 / 20) when i - j >= 0,
+  // nothing (a zero-time step) when the keys lie in its future. Linear 100 tokens per rank:
+  // qkv 0.25 / out 0.75 fwd, out 1.5 / qkv 0.5 bwd. Transfers 2 each.
+  Plan plan = testing::empty_plan(cost, {400});
+  plan.micro_batches.push_back(
+      {{testing::make_group(
+           Scheme::ring, {0, 1, 2, 3},
+           {{0, {{0, 0, 100}, {1, 100, 200}, {2, 200, 300}, {3, 300, 400}}}})},
+       {},
+       {}});
+  const SimulationReport report = run(plan, cost);
+  // fwd: kv sends step 0 [0.25, 2.25], step 1 [2.25, 4.25], step 2 [4.25, 6.25] on every
+  //      rank. Step 0 [0.25, 5.3]; then rank 0 waits only for blocks (6.25) -> out 7.0;
+  //      rank 1 step 1 [5.3, 15.3] -> 16.05; rank 2 steps 1, 2 -> 25.3 -> 26.05;
+  //      rank 3 steps 1..3 -> 35.3 -> 36.05
+  // bwd (out 1.5): ranks enter the ring at 8.5, 17.55, 27.55, 37.55.
+  //   kv step 0 at entry (+2); step 0 compute 10.1: r0 [8.5, 18.6], r1 [17.55, 27.65],
+  //     r2 [27.55, 37.65], r3 [37.55, 47.65]; dkv of step 0 right after it (+2).
+  //   kv step 1 once held and the previous send is done: r0 [39.55, 41.55] (block from r3),
+  //     r1 [19.55, 21.55], r2 [29.55, 31.55], r3 [39.55, 41.55]
+  //   step 1 (r0 empty): r0 at 39.55, r1 [27.65, 47.65], r2 [37.65, 57.65],
+  //     r3 [47.65, 67.65]; its dkv waits for the incoming one: r0 [49.65, 51.65],
+  //     r1 [47.65, 49.65], r2 [57.65, 59.65], r3 [67.65, 69.65]
+  //   kv step 2: r0, r1, r3 [41.55, 43.55], r2 [31.55, 33.55]
+  //   step 2 (r2, r3 only): r2 [57.65, 77.65], r3 [67.65, 87.65]; dkv: r0 [69.65, 71.65],
+  //     r1 [51.65, 53.65], r2 [77.65, 79.65], r3 [87.65, 89.65]
+  //   step 3 (r3 only): [87.65, 107.65]; dkv home: r0 [89.65, 91.65], r1 [71.65, 73.65],
+  //     r2 [79.65, 81.65], r3 [107.65, 109.65]
+  //   each rank ends when its own dkv is home: r0 109.65, r1 91.65, r2 77.65, r3 107.65;
+  //   qkv 0.5 -> r0 110.15 (the last); sync -> 115.15
+  EXPECT_NEAR(report.step_time_s, ms(115.15), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "attention fwd ring g4 step 1"), ms(5.3), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 3, "attention fwd ring g4 step 3"), ms(25.3), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "ring kv bwd g4 step 1", "send"), ms(39.55), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "ring kv bwd g4 step 1", "send"), ms(19.55), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 2, "attention bwd ring g4 step 1"), ms(37.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "ring dkv bwd g4 step 1", "send"), ms(49.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 2, "ring kv bwd g4 step 2", "send"), ms(31.55), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "ring dkv bwd g4 step 2", "send"), ms(69.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 3, "attention bwd ring g4 step 3"), ms(87.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "ring dkv home bwd g4", "send"), ms(71.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "ring dkv home bwd g4", "recv"), ms(107.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "linear qkv bwd"), ms(109.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 2, "linear qkv bwd"), ms(77.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "gradient sync", "collective"), ms(110.15), kTolerance_s);
 }
 
 TEST_F(SimulatorGolden, RingMemberForwardsBlocksOnlyAfterReachingTheRing) {
@@ -226,67 +322,49 @@ Plan two_cross_node_rings(const CostModel& cost) {
   return plan;
 }
 
-TEST_F(SimulatorGolden, TransfersSharingOneNicSerialize) {
+TEST_F(SimulatorGolden, TransfersSharingOneNicShareItsBandwidth) {
   FakeCostModel cost(fake_cluster(2, 2, 1), fake_model());  // 2 GPUs per NIC
   const SimulationReport report = run(two_cross_node_rings(cost), cost);
   // Per rank: linear 20 tokens (qkv 0.05 / out 0.15 fwd, out 0.3 / qkv 0.1 bwd). First
   // ring rank: step 0 210 pairs (0.21 fwd, 0.42 bwd), step 1 none; second: 0.21/0.42 and
-  // 400 pairs (0.4, 0.8). Node 0's NIC carries 0->2 and 1->3, node 1's 2->0 and 3->1.
-  // fwd: 0->2, 2->0 [0.05, 2.05]; 1->3, 3->1 wait: [2.05, 4.05].
-  //      ends: r0 2.05 + 0.15 = 2.2, r2 2.45 + 0.15 = 2.6, r1 4.2, r3 4.6
-  // bwd: r0 out -> 2.5, step 0 -> 2.92, send 0->2 waits the NIC until 4.05: [4.05, 6.05]
-  //      r2 -> 3.32, send 2->0 [4.05, 6.05]; r1 -> 4.92, 1->3 [6.05, 8.05];
-  //      r3 -> 5.32, 3->1 [6.05, 8.05]
-  //      r0 step 1 (empty) at 6.05, dkv 0->2 ready 6.05, NIC busy: [8.05, 10.05]
-  //      r2 step 1 [6.05, 6.85], dkv 2->0 [8.05, 10.05]
-  //      r1 step 1 at 8.05, dkv 1->3 [10.05, 12.05]; r3 step 1 [8.05, 8.85], 3->1 [10.05, 12.05]
-  //      r1 ends at 12.05 + qkv 0.1 = 12.15; sync -> 17.15
-  EXPECT_NEAR(report.step_time_s, ms(17.15), kTolerance_s);
-  EXPECT_NEAR(start_of(report, 0, "ring kv fwd g2 step 0", "send"), ms(0.05), kTolerance_s);
-  EXPECT_NEAR(start_of(report, 1, "ring kv fwd g2 step 0", "send"), ms(2.05), kTolerance_s);
-  // r1: busy 0.6 + 0.21 + 0.42 = 1.23 (computes [0, 0.26], [4.05, 4.92], [12.05, 12.15]);
-  //     comm [2.05, 4.05] [6.05, 8.05] [10.05, 12.05] + sync 5 = 11, none under compute;
-  //     idle 17.15 - 1.23 - 11 = 4.92
-  expect_rank(report, 1, 1.23, 11, 4.92);
+  // 400 pairs (0.4, 0.8). Node 0's NIC carries 0->2 and 1->3, node 1's 2->0 and 3->1; a
+  // transfer alone takes 2, two at once on a NIC share it (half speed each).
+  // fwd: all four sends [0.05, 4.05] at half speed; r0, r1 step 1 (empty) at 4.05 -> 4.2;
+  //      r2, r3 step 1 [4.05, 4.45] -> 4.6
+  // bwd: r0, r1 out -> 4.5: kv 0->2, 1->3 from 4.5; step 0 -> 4.92, then their dkv join:
+  //      four transfers on node 0's NIC from 4.92 at a quarter speed each. The kv sends
+  //      had 2 - 0.21 = 1.79 left: done at 4.92 + 4 x 1.79 = 12.08; the dkv ones then have
+  //      0.21 left at half speed: 12.5. Node 1's NIC alike 0.4 later: kv 12.48, dkv 12.9.
+  //      r2, r3 step 1 [12.08, 12.88]; dkv home for everyone at 12.9 (the incoming dkv),
+  //      two per NIC: [12.9, 16.9]; qkv 0.1 -> 17.0; sync -> 22.0
+  EXPECT_NEAR(report.step_time_s, ms(22.0), kTolerance_s);
+  expect_intervals(intervals_ms(report, 1, "ring kv fwd g2 step 0", "send"), {{0.05, 4.05}});
+  expect_intervals(intervals_ms(report, 0, "ring kv bwd g2 step 0", "send"), {{4.5, 12.08}});
+  expect_intervals(intervals_ms(report, 1, "ring dkv bwd g2 step 0", "send"), {{4.92, 12.5}});
+  expect_intervals(intervals_ms(report, 3, "ring kv bwd g2 step 0", "send"), {{4.9, 12.48}});
+  expect_intervals(intervals_ms(report, 2, "ring dkv home bwd g2", "send"), {{12.9, 16.9}});
+  // r1: busy 0.6 + 0.21 + 0.42 = 1.23 (computes [0, 0.26], [4.05, 4.92], [16.9, 17.0]);
+  //     comm [0.05, 4.05], [4.5, 16.9], sync 5 = 21.4, under compute [0.05, 0.26] and
+  //     [4.5, 4.92] -> exposed 20.77; idle 22.0 - 1.23 - 20.77 = 0
+  expect_rank(report, 1, 1.23, 20.77, 0);
 }
 
 TEST_F(SimulatorGolden, TransfersOnSeparateNicsOverlap) {
   FakeCostModel cost(fake_cluster(2, 2, 2), fake_model());  // one NIC per GPU
   const SimulationReport report = run(two_cross_node_rings(cost), cost);
-  // fwd: all four sends [0.05, 2.05]; ends r0, r1 2.2, r2, r3 2.6
-  // bwd: r0 step 0 -> 2.92, send [2.92, 4.92]; r2 -> 3.32, send [3.32, 5.32]
-  //      r0 step 1 (empty) at 5.32, dkv [5.32, 7.32]; r2 step 1 [4.92, 5.72], dkv [5.72, 7.72]
-  //      r0 ends at 7.72 + qkv 0.1 = 7.82 (r2: 7.32 + 0.1); ring [1, 3] alike; sync -> 12.82
-  EXPECT_NEAR(report.step_time_s, ms(12.82), kTolerance_s);
+  // Rings [0, 2] and [1, 3] share no port; ring [0, 2]:
+  // fwd: sends [0.05, 2.05]; r0 step 1 (empty) at 2.05 -> 2.2; r2 [2.05, 2.45] -> 2.6
+  // bwd: r0 kv 0->2 from 2.5, alone until its dkv starts at 2.92 (step 0 0.42), then both
+  //      at half speed: kv done 2.92 + 2 x 1.58 = 6.08, dkv 6.5. r2 alike 0.4 later: kv
+  //      6.48, dkv 6.9. r2 step 1 [6.08, 6.88]; dkv home both ways at 6.9: [6.9, 8.9];
+  //      qkv 0.1 -> 9.0; ring [1, 3] alike; sync -> 14.0
+  EXPECT_NEAR(report.step_time_s, ms(14.0), kTolerance_s);
   EXPECT_NEAR(start_of(report, 1, "ring kv fwd g2 step 0", "send"), ms(0.05), kTolerance_s);
-  // r0: busy 1.23; comm [0.05, 2.05] (send and recv), [2.92, 7.72] (bwd send 0->2, recv
-  //     2->0, dkv send, dkv recv back to back) + sync 5 = 11.8; hidden only [0.05, 0.26]
-  //     -> exposed 11.59; idle 12.82 - 1.23 - 11.59 = 0
-  expect_rank(report, 0, 1.23, 11.59, 0);
-}
-
-/// [start, end) in ms of `rank`'s trace events named `name` on `lane`, by start.
-std::vector<std::pair<double, double>> intervals_ms(const SimulationReport& report, int rank,
-                                                    const std::string& name,
-                                                    const std::string& lane) {
-  std::vector<std::pair<double, double>> out;
-  for (const TraceEvent& event : report.trace) {
-    if (event.rank == rank && event.name == name && event.lane == lane) {
-      out.emplace_back(event.start_s * 1e3, (event.start_s + event.duration_s) * 1e3);
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-void expect_intervals(const std::vector<std::pair<double, double>>& actual_ms,
-                      const std::vector<std::pair<double, double>>& expected_ms) {
-  ASSERT_EQ(actual_ms.size(), expected_ms.size());
-  for (std::size_t i = 0; i < expected_ms.size(); ++i) {
-    SCOPED_TRACE("interval " + std::to_string(i));
-    EXPECT_NEAR(actual_ms[i].first, expected_ms[i].first, 1e-9);
-    EXPECT_NEAR(actual_ms[i].second, expected_ms[i].second, 1e-9);
-  }
+  expect_intervals(intervals_ms(report, 0, "ring kv bwd g2 step 0", "send"), {{2.5, 6.08}});
+  expect_intervals(intervals_ms(report, 2, "ring dkv bwd g2 step 0", "send"), {{3.32, 6.9}});
+  // r0: busy 1.23; comm [0.05, 2.05] and [2.5, 8.9] + sync 5 = 13.4, under compute
+  //     [0.05, 0.26] and [2.5, 2.92] -> exposed 12.77; idle 14.0 - 1.23 - 12.77 = 0
+  expect_rank(report, 0, 1.23, 12.77, 0);
 }
 
 TEST_F(SimulatorGolden, PipelinedRoutedTransferOverlapsDispatchNicAndCombine) {
@@ -310,38 +388,37 @@ TEST_F(SimulatorGolden, PipelinedRoutedTransferOverlapsDispatchNicAndCombine) {
   const SimulationReport report = run(plan, cost);
   // Forward step 0: 0 -> 4 carries rank 0's KV, 20 tokens x 24 bytes = 480 bytes, from
   // 0.05 (qkv linear of 20 tokens). k = 3 parts of 160 bytes; proxies 1, 2 on node 0 and
-  // 5, 6 on node 1. Part 0 goes 0 -> 4 directly over rank 0's NIC: 0.2 + 3.2 = 3.4.
-  // Parts 1, 2 in 3 pieces of ceil(160 / 3) = 54, 54, 52 bytes: dispatch and combine
-  // 0.64 (54) / 0.62 (52), NIC 1.28 / 1.24.
-  // Dispatches share rank 0's NVLink tx, piece 0 of each part first:
-  //   p1q0 [0.05, 0.69] p2q0 [0.69, 1.33] p1q1 [1.33, 1.97] p2q1 [1.97, 2.61]
-  //   p1q2 [2.61, 3.23] p2q2 [3.23, 3.85]
-  // NIC 1 -> 5: [0.69, 1.97] [1.97, 3.25] then q2 ready 3.23 waits: [3.25, 4.49]
-  // NIC 2 -> 6: [1.33, 2.61] [2.61, 3.89] then q2 ready 3.85 waits: [3.89, 5.13]
-  // Combines share rank 4's NVLink rx, in order of ready time:
-  //   p1q0 [1.97, 2.61] p2q0 [2.61, 3.25] p1q1 [3.25, 3.89] p2q1 [3.89, 4.53]
-  //   p1q2 ready 4.49 waits: [4.53, 5.15]  p2q2 ready 5.13 waits: [5.15, 5.77]
-  // The block has arrived at 5.77 (unpipelined: 8.55; direct: 9.85).
+  // 5, 6 on node 1. Part 0 goes 0 -> 4 directly over rank 0's NIC: 0.2 + 3.2 -> 3.45.
+  // Parts 1, 2 in 3 pieces of ceil(160 / 3) = 54, 54, 52 bytes; each stage sends a part's
+  // pieces one after another. Dispatch and combine: latency 0.1, then 0.54 (54) / 0.52
+  // (52) at full speed; NIC: 0.2, then 1.08 / 1.04.
+  // The two parts' dispatches share rank 0's NVLink tx (half speed each):
+  //   q0 [0.05, 1.23] (0.1 + 2 x 0.54), q1 [1.23, 2.41], q2 [2.41, 3.55]
+  // NIC 1 -> 5 and NIC 2 -> 6 (one part each): q0 [1.23, 2.51], q1 [2.51, 3.79],
+  //   q2 [3.79, 5.03]
+  // Combines share rank 4's NVLink rx: q0 [2.51, 3.69], q1 [3.79, 4.97], q2 [5.03, 6.17]
+  // The block has arrived at 6.17.
   const std::string send = "ring kv fwd g8 step 0";
   expect_intervals(intervals_ms(report, 0, send + " (nic)", "send"), {{0.05, 3.45}});
   expect_intervals(
       intervals_ms(report, 0, send + " (dispatch)", "send"),
-      {{0.05, 0.69}, {0.69, 1.33}, {1.33, 1.97}, {1.97, 2.61}, {2.61, 3.23}, {3.23, 3.85}});
+      {{0.05, 1.23}, {0.05, 1.23}, {1.23, 2.41}, {1.23, 2.41}, {2.41, 3.55}, {2.41, 3.55}});
   expect_intervals(intervals_ms(report, 1, send + " (nic)", "send"),
-                   {{0.69, 1.97}, {1.97, 3.25}, {3.25, 4.49}});
+                   {{1.23, 2.51}, {2.51, 3.79}, {3.79, 5.03}});
   expect_intervals(intervals_ms(report, 2, send + " (nic)", "send"),
-                   {{1.33, 2.61}, {2.61, 3.89}, {3.89, 5.13}});
+                   {{1.23, 2.51}, {2.51, 3.79}, {3.79, 5.03}});
   expect_intervals(
       intervals_ms(report, 4, send + " (combine)", "recv"),
-      {{1.97, 2.61}, {2.61, 3.25}, {3.25, 3.89}, {3.89, 4.53}, {4.53, 5.15}, {5.15, 5.77}});
+      {{2.51, 3.69}, {2.51, 3.69}, {3.79, 4.97}, {3.79, 4.97}, {5.03, 6.17}, {5.03, 6.17}});
   // Rank 4's step 0 (210 pairs) ends at 0.26; step 1 waits for the block.
-  EXPECT_NEAR(start_of(report, 4, "attention fwd ring g8 step 1"), ms(5.77), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 4, "attention fwd ring g8 step 1"), ms(6.17), kTolerance_s);
 
-  // The same transfer alone: 5.72 pipelined. Unpipelined (k = 3, c = 1): dispatches of
-  // 160 bytes 1.7 [0, 1.7] [1.7, 3.4]; NICs 3.4 [1.7, 5.1] [3.4, 6.8]; combines 1.7
-  // [5.1, 6.8] [6.8, 8.5]. Direct: 0.2 + 9.6 = 9.8. Inside a node never routed: 0.1 + 4.8.
-  EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 4, 3, 3), ms(5.72), kTolerance_s);
-  EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 4, 3, 1), ms(8.5), kTolerance_s);
+  // The same transfer alone: 6.12 pipelined. Unpipelined (k = 3, c = 1): dispatches of
+  // 160 bytes share rank 0's NVLink tx: [0, 3.3] (0.1 + 2 x 1.6); NICs [3.3, 6.7];
+  // combines share rank 4's NVLink rx: [6.7, 10.0]. Direct: 0.2 + 9.6 = 9.8. Inside a
+  // node never routed: 0.1 + 4.8.
+  EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 4, 3, 3), ms(6.12), kTolerance_s);
+  EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 4, 3, 1), ms(10.0), kTolerance_s);
   EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 4, 1, 3), ms(9.8), kTolerance_s);
   EXPECT_NEAR(isolated_transfer_time_s(cost, 480, 0, 1, 3, 3), ms(4.9), kTolerance_s);
 }
@@ -362,6 +439,38 @@ TEST_F(SimulatorGolden, GradientSyncWaitsForTheSlowestRank) {
   expect_rank(report, 3, 0, 5, 2.295);
   // rank 0: linear 0.1 + 0.2, attention 55 pairs 0.055 + 0.11 -> 0.465
   expect_rank(report, 0, 0.465, 5, 2.295 - 0.465);
+}
+
+TEST_F(SimulatorGolden, OverlappedGradientSyncRunsInBucketsDuringTheLastBackwardPass) {
+  Model model = fake_model();
+  model.layers = 4;  // 4 buckets of 5 / 4 = 1.25 (the fake costs ignore the layer count)
+  FakeCostModel cost(fake_cluster(1, 2, 1), model);
+  Plan plan = testing::empty_plan(cost, {100, 50});
+  plan.micro_batches.push_back(
+      {{testing::local_group(0, 0, 100), testing::local_group(1, 1, 50)}, {}, {}});
+  const SimulationReport report = run(plan, cost, GradientSync::overlap);
+  // rank 0: fwd 0.25 + 5.05 + 0.75 -> 6.05; bwd 1.5 + 10.1 + 0.5 = 12.1 -> 18.15
+  // rank 1: fwd 0.125 + 1.275 + 0.375 -> 1.775; bwd 0.75 + 2.55 + 0.25 = 3.55 -> 5.325
+  // bucket b < 4 is ready when every rank has done b / 4 of its backward compute, rank 0
+  // last: 6.05 + b x 3.025 = 9.075, 12.1, 15.125; bucket 4 waits for the end, 18.15.
+  EXPECT_NEAR(start_of(report, 1, "gradient sync bucket 1", "collective"), ms(9.075),
+              kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "gradient sync bucket 2", "collective"), ms(12.1), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "gradient sync bucket 3", "collective"), ms(15.125),
+              kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "gradient sync bucket 4", "collective"), ms(18.15),
+              kTolerance_s);
+  EXPECT_NEAR(report.step_time_s, ms(19.4), kTolerance_s);
+  EXPECT_NEAR(report.gradient_sync_s, ms(5), kTolerance_s);
+  EXPECT_NEAR(report.gradient_sync_exposed_s, ms(1.25), kTolerance_s);
+  EXPECT_NEAR(report.lower_bound.gradient_sync_s, ms(1.25), kTolerance_s);
+  // rank 0 hides buckets 1-3 under its backward pass; rank 1 is done before any starts
+  expect_rank(report, 0, 18.15, 1.25, 0);
+  expect_rank(report, 1, 5.325, 5, 19.4 - 5.325 - 5);
+  // At the end, the same step pays the whole sync after rank 0: 18.15 + 5.
+  const SimulationReport at_end = run(plan, cost, GradientSync::end);
+  EXPECT_NEAR(at_end.step_time_s, ms(23.15), kTolerance_s);
+  EXPECT_NEAR(at_end.gradient_sync_exposed_s, ms(5), kTolerance_s);
 }
 
 TEST_F(SimulatorGolden, RemapMovesTokensAndChargesTransfers) {

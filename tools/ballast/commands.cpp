@@ -227,7 +227,7 @@ int run_plan(const PlanArgs& args) {
   std::string text = several ? "[\n" : "";
   for (std::size_t i = 0; i < inputs.batches.size(); ++i) {
     const Plan plan = spec.planner->plan(inputs.batches[i], *inputs.cost, spec.options,
-                                         SimulatorEvaluator(*inputs.cost));
+                                         SimulatorEvaluator(*inputs.cost, settings.gradient_sync));
     require_valid(plan, *inputs.cost, "made by " + args.strategy);
     if (several && i > 0) text += ",\n";
     text += plan_to_string(plan);
@@ -275,7 +275,11 @@ int run_simulate(const SimulateArgs& args) {
   std::vector<Plan> plans;
   std::unique_ptr<CostModel> cost;
   std::string strategy_label;  // the spec as given (static-ulysses:degree=64), for the plot
+  GradientSync gradient_sync = GradientSync::overlap;
   if (!args.plan_path.empty()) {
+    if (args.workload.grad_sync) {
+      gradient_sync = parse_gradient_sync(*args.workload.grad_sync, "--grad-sync");
+    }
     if (!args.strategy.empty()) throw InputError("give either --plan or --strategy, not both");
     if (!args.scenario.empty()) {
       throw InputError("--scenario chooses the workload of --strategy; a --plan file carries its "
@@ -297,11 +301,13 @@ int run_simulate(const SimulateArgs& args) {
     check_strategy_spec(spec, *inputs.cost);
     warn_over_context(settings.sampler, inputs.sampler_stats);
     strategy_label = spec.text;
+    gradient_sync = settings.gradient_sync;
     for (const Batch& batch : inputs.batches) {
       progress.show(fmt::format("planning {} step {}/{}", spec.text, plans.size() + 1,
                                 inputs.batches.size()));
       plans.push_back(
-          spec.planner->plan(batch, *inputs.cost, spec.options, SimulatorEvaluator(*inputs.cost)));
+          spec.planner->plan(batch, *inputs.cost, spec.options,
+                             SimulatorEvaluator(*inputs.cost, gradient_sync)));
     }
     cost = std::move(inputs.cost);
   }
@@ -315,6 +321,7 @@ int run_simulate(const SimulateArgs& args) {
     const auto plan_cost = cost ? nullptr : cost_model_of(plans[i]);
     const CostModel& step_cost = cost ? *cost : *plan_cost;
     SimulationOptions options;
+    options.gradient_sync = gradient_sync;
     options.record_trace = i == 0 && (!args.trace_path.empty() || !args.plot_path.empty());
     const SimulationReport report = simulate(plans[i], step_cost, options);
     progress.done();  // a clean line for the step's output when both go to the terminal

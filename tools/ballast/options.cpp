@@ -31,10 +31,13 @@ void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
   command.add_option("--max-context", flags.max_context,
                      "longest sequence kept [default: 131072]");
   command.add_option("--over-context", flags.over_context,
-                     "documents longer than --max-context: drop (default, as the papers do), "
-                     "truncate or error");
+                     "documents longer than --max-context: split (default: into pieces of at "
+                     "most --max-context), drop (as the papers do), truncate or error");
   command.add_option("--sampling", flags.sampling,
                      "random (i.i.d., seeded; default) or sequential (consecutive documents)");
+  command.add_option("--grad-sync", flags.grad_sync,
+                     "gradient sync: overlap (default: in per-layer buckets during the last "
+                     "backward pass, as DDP/FSDP/ZeRO-3 run it) or end (all after it)");
   command.add_option("--degree", flags.degree,
                      "fixed SP/CP degree for static strategies [default: the smallest that fits]");
   command.add_flag("--no-routing", flags.no_routing,
@@ -83,6 +86,9 @@ void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings) {
   if (flags.max_context) sampler.max_context_tokens = *flags.max_context;
   if (flags.over_context) sampler.over_context = parse_over_context_policy(*flags.over_context);
   if (flags.sampling) sampler.order = parse_sampling_order(*flags.sampling);
+  if (flags.grad_sync) {
+    settings.gradient_sync = parse_gradient_sync(*flags.grad_sync, setting_name("--grad-sync"));
+  }
   if (settings.nodes && *settings.nodes < 1) {
     throw InputError(fmt::format("--nodes {} must be at least 1", *settings.nodes));
   }
