@@ -7,6 +7,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "ballast/collectives.hpp"
 #include "ballast/units.hpp"
 
 namespace ballast {
@@ -36,6 +37,12 @@ struct Cluster {
 
   std::string provenance;  ///< where the numbers come from
 
+  /// Calibrated latency and bus bandwidth per collective and GPU count inside one node
+  /// (nccl-tests fits, `ballast calibrate`); an op without entries uses the alpha-beta
+  /// model of the fields above (collectives.hpp, intra_node_collective_fit). Optional in
+  /// JSON ("intra_node_collectives"), written only when not empty.
+  CollectiveFitTable intra_node_collectives;
+
   int ranks() const { return nodes * gpus_per_node; }
   int node_of(int rank) const { return rank / gpus_per_node; }
   int gpus_per_nic() const { return gpus_per_node / nics_per_node; }
@@ -57,7 +64,7 @@ Cluster cluster_preset(const std::string& name);
 Cluster load_cluster(const std::string& preset_or_file, std::optional<int> nodes = std::nullopt);
 
 nlohmann::json to_json(const Cluster& cluster);
-/// Every field is required except `provenance`; throws InputError naming `source`.
+/// Every field is required except `provenance` and `intra_node_collectives`; throws InputError naming `source`.
 Cluster cluster_from_json(const nlohmann::json& json, const std::string& source);
 
 }  // namespace ballast

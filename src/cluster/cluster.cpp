@@ -10,12 +10,12 @@ namespace ballast {
 namespace {
 
 /// Every member cluster_from_json reads (and to_json writes); any other is an error.
-constexpr std::array<std::string_view, 17> kClusterKeys = {
+constexpr std::array<std::string_view, 18> kClusterKeys = {
     "name", "gpu_name", "nodes", "gpus_per_node", "gpu_memory_bytes", "peak_flops_per_s",
     "matmul_efficiency", "attention_efficiency", "attention_tile_tokens",
     "memory_usable_fraction", "intra_node_bus_bw_bytes_per_s", "intra_node_p2p_bw_bytes_per_s",
     "intra_node_latency_s", "nics_per_node", "nic_bw_bytes_per_s", "inter_node_latency_s",
-    "provenance"};
+    "provenance", "intra_node_collectives"};
 
 [[noreturn]] void reject(const std::string& source, const std::string& field,
                          const std::string& problem) {
@@ -84,6 +84,7 @@ void validate_cluster(const Cluster& cluster, const std::string& source) {
   require_non_negative(cluster.intra_node_latency_s, source, "intra_node_latency_s");
   require_positive(cluster.nic_bw_bytes_per_s, source, "nic_bw_bytes_per_s");
   require_non_negative(cluster.inter_node_latency_s, source, "inter_node_latency_s");
+  validate_collective_fits(cluster.intra_node_collectives, cluster.gpus_per_node, source);
 }
 
 nlohmann::json to_json(const Cluster& cluster) {
@@ -105,6 +106,10 @@ nlohmann::json to_json(const Cluster& cluster) {
   json["nic_bw_bytes_per_s"] = cluster.nic_bw_bytes_per_s;
   json["inter_node_latency_s"] = cluster.inter_node_latency_s;
   json["provenance"] = cluster.provenance;
+  // Only when calibrated, so plans on uncalibrated clusters keep their bytes.
+  if (!cluster.intra_node_collectives.empty()) {
+    json["intra_node_collectives"] = collective_fits_to_json(cluster.intra_node_collectives);
+  }
   return json;
 }
 
@@ -135,6 +140,9 @@ Cluster cluster_from_json(const nlohmann::json& json, const std::string& source)
   cluster.nic_bw_bytes_per_s = required_field<double>(json, "nic_bw_bytes_per_s", source);
   cluster.inter_node_latency_s = required_field<double>(json, "inter_node_latency_s", source);
   cluster.provenance = optional_field<std::string>(json, "provenance", "", source);
+  if (const auto it = json.find("intra_node_collectives"); it != json.end()) {
+    cluster.intra_node_collectives = collective_fits_from_json(*it, source);
+  }
   validate_cluster(cluster, source);
   return cluster;
 }
