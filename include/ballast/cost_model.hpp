@@ -3,6 +3,7 @@
 // profiled (FlexSP's a1, a2, b1, bw[d] coefficients loaded from JSON).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <span>
 #include <string>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ballast/cluster.hpp"
+#include "ballast/collectives.hpp"
 #include "ballast/model.hpp"
 #include "ballast/units.hpp"
 
@@ -80,6 +82,10 @@ class CostModel {
   /// All-gather inside `ranks` of bytes_per_rank[i] from each member (ring algorithm).
   virtual Seconds all_gather_time_s(std::span<const int> ranks,
                                     std::span<const Bytes> bytes_per_rank) const;
+  /// ONE `op` on `gpus` GPUs of one node moving `bytes` in nccl-tests' size convention,
+  /// NOT multiplied by the layers: intra_node_collective_time_s(cluster(), op, gpus, bytes)
+  /// without its table lookup (the constants are cached at construction).
+  Seconds collective_time_s(CollectiveOp op, int gpus, Bytes bytes) const;
   /// Data-parallel gradient synchronisation over all ranks, once per step.
   virtual Seconds gradient_sync_time_s() const;
 
@@ -93,8 +99,15 @@ class CostModel {
   Tokens token_capacity_per_rank() const;
 
  protected:
+  /// intra_node_collective_fit(cluster_, op, gpus) from the cache below.
+  CollectiveFit intra_node_fit(CollectiveOp op, int gpus) const;
+
   Cluster cluster_;
   Model model_;
+
+ private:
+  /// cluster_.intra_node_collectives indexed by op: no map lookup on the planners' hot path.
+  std::array<std::vector<CollectiveFit>, kCollectiveOpCount> collective_fits_;
 };
 
 /// Roofline: FLOPs / (peak * efficiency), attention quantised to square tiles of
