@@ -53,7 +53,8 @@ Cluster a100_ib400() {
       "its 8 GPUs (ballast's choice: it reproduces FlexSP's profiled all-to-all cliff, "
       "bw[16] = 10.33 GB/s per device; 46 GB/s / 4 = 11.5 GB/s), 46 GB/s achieved (NDR "
       "400 Gb/s achieves 46-49 GB/s). NVLink3 bus bandwidth 230 GB/s and P2P 150 GB/s are "
-      "estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5 ranges).";
+      "estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5 ranges). No "
+      "nccl-tests measurements: collectives use the alpha-beta estimate.";
   return cluster;
 }
 
@@ -75,8 +76,30 @@ Cluster a800_roce() {
       "A800-80GB, 312 TFLOP/s BF16, 4 x 200 Gb/s RoCE NICs per node (2 GPUs per NIC), "
       "~24 GB/s achieved each; attention efficiency 0.6 from FlashAttention-2 (50-73% of "
       "peak on A100). NVLink (400 GB/s total on A800) bus bandwidth 160 GB/s and P2P "
-      "100 GB/s are estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5).";
+      "100 GB/s are estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5). No "
+      "nccl-tests measurements: collectives use the alpha-beta estimate.";
   return cluster;
+}
+
+/// NVLink4 / NVSwitch collectives inside one DGX node, fitted to
+/// data/profiles/h200_8gpu_nccl_tests.csv (nccl-tests on one 8x H200 node, fp16, 8 MiB ..
+/// 8 GiB; all_reduce on 8 GPUs shows NVLS) by least squares on the relative error.
+/// Regenerate with:
+///   ballast calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --cluster h200
+/// Worst errors per (op, GPUs) are in docs/fidelity.md. No alltoall rows are bundled: the
+/// all_to_all entries are the all_gather fits, an estimate (same bytes per GPU over the
+/// same NVSwitch links).
+CollectiveFitTable nvlink4_collectives() {
+  const std::vector<CollectiveFit> all_gather = {
+      {2, 24.643e-6, 351.8328e9}, {4, 33.208e-6, 369.3949e9}, {8, 51.429e-6, 374.2591e9}};
+  return {
+      {CollectiveOp::all_gather, all_gather},
+      {CollectiveOp::reduce_scatter,
+       {{2, 34.135e-6, 264.0987e9}, {4, 35.988e-6, 328.0188e9}, {8, 54.962e-6, 361.9209e9}}},
+      {CollectiveOp::all_reduce,
+       {{2, 26.948e-6, 358.4223e9}, {4, 37.938e-6, 373.5371e9}, {8, 67.206e-6, 466.1408e9}}},
+      {CollectiveOp::all_to_all, all_gather},  // estimate: no alltoall measurements bundled
+  };
 }
 
 Cluster h100() {
@@ -88,15 +111,22 @@ Cluster h100() {
   // SYSTEMS.md 5: FlashAttention-3 causal ~680 TFLOP/s forward at 32K.
   cluster.attention_efficiency = 680.0 / 989.0;
   cluster.intra_node_bus_bw_bytes_per_s = 370 * kGBPerS;  // SYSTEMS.md 5: ~370 GB/s busbw
-  // SYSTEMS.md 5: NCCL send/recv 80-180 GB/s between two GPUs; 150 is an estimate.
-  cluster.intra_node_p2p_bw_bytes_per_s = 150 * kGBPerS;
+  // One GPU sending to one peer over NVSwitch: the 2-GPU all_gather's fitted bus bandwidth
+  // (nvlink4_collectives; there each GPU sends its half to the other). It replaces a
+  // 150 GB/s guess within SYSTEMS.md 5's 80-180 GB/s for NCCL send/recv.
+  cluster.intra_node_p2p_bw_bytes_per_s = 351.8328e9;
   cluster.nics_per_node = 8;                  // SYSTEMS.md 5: DGX H100, one NIC per GPU
   cluster.nic_bw_bytes_per_s = 47 * kGBPerS;  // SYSTEMS.md 5: NDR 400 Gb/s, 46-49 GB/s
+  cluster.intra_node_collectives = nvlink4_collectives();
   cluster.provenance =
       "DGX H100, SYSTEMS.md section 5: 8 nodes x 8 H100-SXM-80GB, 989 TFLOP/s BF16, "
       "attention efficiency 680/989 (FlashAttention-3 causal forward at 32K), NVLink "
-      "busbw ~370 GB/s, P2P 150 GB/s (estimate within NCCL's 80-180 GB/s), 8 x 400 Gb/s "
-      "NICs per node (one per GPU) achieving ~47 GB/s. Latency 10 us intra / 30 us inter.";
+      "busbw ~370 GB/s, 8 x 400 Gb/s NICs per node (one per GPU) achieving ~47 GB/s. "
+      "Latency 10 us intra / 30 us inter. Collectives inside a node (all_gather, "
+      "reduce_scatter, all_reduce on 2/4/8 GPUs) and P2P 351.8 GB/s (the 2-GPU all_gather "
+      "fit) reuse the DGX H200 measurements of data/profiles/h200_8gpu_nccl_tests.csv (same "
+      "NVLink4/NVSwitch generation): an estimate for H100; all_to_all takes the all_gather "
+      "fits (estimate, no alltoall measurements).";
   return cluster;
 }
 
@@ -110,7 +140,12 @@ Cluster h200() {
   cluster.provenance =
       "DGX H200 (Zeppelin cluster C), SYSTEMS.md sections 3 and 5: as h100 with 141 GB "
       "HBM; NVLink busbw 367 GB/s from data/profiles/h200_8gpu_nccl_tests.csv (8-GPU "
-      "all_gather at 8 GiB); 8 x 400 Gb/s ConnectX-7 NICs per node (~47 GB/s each).";
+      "all_gather at 8 GiB); 8 x 400 Gb/s ConnectX-7 NICs per node (~47 GB/s each). "
+      "Collectives inside a node fitted to the same file (all_gather, reduce_scatter, "
+      "all_reduce on 2/4/8 GPUs; `ballast calibrate --nccl-tests "
+      "data/profiles/h200_8gpu_nccl_tests.csv --cluster h200`), P2P 351.8 GB/s from the "
+      "2-GPU all_gather fit; all_to_all takes the all_gather fits (estimate, no alltoall "
+      "measurements).";
   return cluster;
 }
 
