@@ -57,7 +57,8 @@ class AttentionTilePricing {
  public:
   explicit AttentionTilePricing(const Cluster& cluster);
   /// The block's work in causal pairs at the pass's best tile efficiency: tiles x T^2 x
-  /// best / efficiency(L). Always >= causal_pairs(block). No allocation; O(log points).
+  /// best / efficiency(L). Always >= causal_pairs(block). No allocation; one log, one
+  /// square root off the diagonal, a scan of the points.
   double effective_pairs(const AttentionBlock& block, Pass pass) const;
   /// The best tile efficiency of the pass (every block is priced at or below it).
   double best_tile_efficiency(Pass pass) const;
@@ -65,10 +66,11 @@ class AttentionTilePricing {
  private:
   /// One pass's curve in the form the fast path reads.
   struct Table {
-    std::vector<double> pairs;            ///< causal pairs L(L+1)/2 of each point
-    std::vector<double> log_tokens;       ///< log(L) of each point
-    std::vector<double> tile_efficiency;  ///< each point's efficiency on tile work
-    double best = 0;                      ///< the largest tile efficiency (flat: the constant)
+    std::vector<double> tokens;            ///< L of each point
+    std::vector<double> log_tokens;        ///< log(L) of each point
+    std::vector<double> inverse_log_step;  ///< 1 / (log L[i+1] - log L[i])
+    std::vector<double> tile_efficiency;   ///< each point's efficiency on tile work
+    double best = 0;                       ///< the largest tile efficiency (flat: the constant)
   };
   static Table make_table(const std::vector<EfficiencyPoint>& curve, double flat_efficiency,
                           Tokens tile_tokens);

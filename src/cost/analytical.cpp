@@ -78,10 +78,13 @@ AttentionTilePricing::Table AttentionTilePricing::make_table(
     const double pairs = static_cast<double>(causal_pairs(whole_document(point.tokens)));
     const double tiles =
         static_cast<double>(causal_tiles(whole_document(point.tokens), tile_tokens));
-    table.pairs.push_back(pairs);
+    table.tokens.push_back(static_cast<double>(point.tokens));
     table.log_tokens.push_back(std::log(static_cast<double>(point.tokens)));
     table.tile_efficiency.push_back(point.efficiency * tiles * tile_pairs / pairs);
     table.best = std::max(table.best, table.tile_efficiency.back());
+  }
+  for (std::size_t i = 0; i + 1 < table.log_tokens.size(); ++i) {
+    table.inverse_log_step.push_back(1.0 / (table.log_tokens[i + 1] - table.log_tokens[i]));
   }
   return table;
 }
@@ -92,21 +95,23 @@ double AttentionTilePricing::effective_pairs(const AttentionBlock& block, Pass p
   const double tile_work = static_cast<double>(tiles) * static_cast<double>(tile_tokens_) *
                            static_cast<double>(tile_tokens_);
   const Table& curve = table(pass);
-  if (curve.pairs.empty()) return tile_work;  // flat: every tile at the best efficiency
-  const auto pairs = static_cast<double>(causal_pairs(block));
+  if (curve.tokens.empty()) return tile_work;  // flat: every tile at the best efficiency
+  // A block on the diagonal (a whole document, a zigzag chunk against itself) has
+  // L = its length, no square root needed; the planners price whole documents most.
+  const bool diagonal = block.q_begin == block.kv_begin && block.q_end == block.kv_end;
+  const double length = diagonal ? static_cast<double>(block.q_end - block.q_begin)
+                                 : equivalent_causal_length(static_cast<double>(causal_pairs(block)));
   double efficiency = 0;
-  if (pairs <= curve.pairs.front()) {
+  if (length <= curve.tokens.front()) {
     efficiency = curve.tile_efficiency.front();
-  } else if (pairs >= curve.pairs.back()) {
+  } else if (length >= curve.tokens.back()) {
     efficiency = curve.tile_efficiency.back();
   } else {
-    // pairs grows with L, so the segment is found on pairs; log(L) only for the position.
-    const auto upper = static_cast<std::size_t>(
-        std::upper_bound(curve.pairs.begin(), curve.pairs.end(), pairs) - curve.pairs.begin());
+    std::size_t upper = 1;  // curves are short (FlashAttention's charts: 6 points): a scan
+    while (curve.tokens[upper] < length) ++upper;
     const std::size_t lower = upper - 1;
-    const double position = (std::log(equivalent_causal_length(pairs)) -
-                             curve.log_tokens[lower]) /
-                            (curve.log_tokens[upper] - curve.log_tokens[lower]);
+    const double position =
+        (std::log(length) - curve.log_tokens[lower]) * curve.inverse_log_step[lower];
     efficiency = curve.tile_efficiency[lower] +
                  std::clamp(position, 0.0, 1.0) *
                      (curve.tile_efficiency[upper] - curve.tile_efficiency[lower]);
