@@ -20,6 +20,13 @@ namespace ballast {
 
 enum class Pass { forward, backward };
 
+/// Attention backward FLOPs / forward FLOPs: 5 matrix products (with recomputation) against
+/// 2 (SYSTEMS.md section 1; FlashAttention-2's benchmarks count 2.5x).
+inline constexpr double kAttentionBackwardFactor = 2.5;
+/// Attention FLOPs per causal (query, key) pair per head dimension: QK^T and PV, 2 FLOPs
+/// per multiply-add.
+inline constexpr double kAttentionFlopsPerPairPerHeadDim = 4.0;
+
 /// Bytes of model states per parameter under ZeRO-3 with mixed-precision Adam: 2 (bf16
 /// weights) + 2 (bf16 grads) + 12 (fp32 master weights, Adam m and v) = 16, sharded over
 /// all ranks (Rajbhandari et al., "ZeRO", SC'20, section 3). The one constant behind
@@ -39,6 +46,42 @@ struct AttentionBlock {
 Tokens causal_pairs(const AttentionBlock& block);
 /// A whole causal document of `length` tokens as one block.
 inline AttentionBlock whole_document(Tokens length) { return {0, length, 0, length}; }
+/// The equivalent causal document length L of `pairs` causal pairs: L(L+1)/2 = pairs.
+double equivalent_causal_length(double pairs);
+
+/// The analytical family's attention pricing, built once from a Cluster: a block costs its
+/// causal tiles (cluster.attention_tile_tokens square) at the tile efficiency of its pass's
+/// curve at the block's equivalent causal length. A curve point (L, e) becomes the tile
+/// efficiency e * tiles(L) * T^2 / pairs(L), so that a whole document of L tokens takes
+/// exactly the time the curve states; between points it is linear in log(L), clamped
+/// outside. A pass without a curve prices every tile at cluster.attention_efficiency.
+class AttentionTilePricing {
+ public:
+  explicit AttentionTilePricing(const Cluster& cluster);
+  /// The block's work in causal pairs at the pass's best tile efficiency: tiles x T^2 x
+  /// best / efficiency(L). Always >= causal_pairs(block). No allocation; one log, one
+  /// square root off the diagonal, a scan of the points.
+  double effective_pairs(const AttentionBlock& block, Pass pass) const;
+  /// The best tile efficiency of the pass (every block is priced at or below it).
+  double best_tile_efficiency(Pass pass) const;
+
+ private:
+  /// One pass's curve in the form the fast path reads.
+  struct Table {
+    std::vector<double> tokens;            ///< L of each point
+    std::vector<double> log_tokens;        ///< log(L) of each point
+    std::vector<double> inverse_log_step;  ///< 1 / (log L[i+1] - log L[i])
+    std::vector<double> tile_efficiency;   ///< each point's efficiency on tile work
+    double best = 0;                       ///< the largest tile efficiency (flat: the constant)
+  };
+  static Table make_table(const std::vector<EfficiencyPoint>& curve, double flat_efficiency,
+                          Tokens tile_tokens);
+  const Table& table(Pass pass) const { return pass == Pass::forward ? forward_ : backward_; }
+
+  Tokens tile_tokens_;
+  Table forward_;
+  Table backward_;
+};
 
 /// Every operation's time is for the whole model: an op that happens once per layer
 /// (attention, a ring transfer, an all-to-all) is charged for all `layers` layers.
@@ -111,8 +154,8 @@ class CostModel {
 };
 
 /// Roofline: FLOPs / (peak * efficiency), attention quantised to square tiles of
-/// cluster.attention_tile_tokens (a 16-token document costs one 128x128 tile), links
-/// alpha-beta.
+/// cluster.attention_tile_tokens (a 16-token document costs one 128x128 tile) and priced
+/// at the efficiency of its pass's curve (AttentionTilePricing), links alpha-beta.
 class AnalyticalCostModel final : public CostModel {
  public:
   AnalyticalCostModel(Cluster cluster, Model model);
@@ -122,6 +165,9 @@ class AnalyticalCostModel final : public CostModel {
                            Pass pass) const override;
   Seconds attention_pair_floor_s(double pairs, Pass pass) const override;
   Seconds linear_time_s(Tokens tokens, Pass pass) const override;
+
+ private:
+  AttentionTilePricing attention_pricing_;
 };
 
 /// FlexSP's profiled form: per sequence (a1*s^2 + a2*s)/d + b1 per group, all-to-all at

@@ -310,10 +310,10 @@ TEST(FlexSpMilp, FewSequencesWithGqaLeaveGpusIdle) {
   ASSERT_EQ(costs.degrees().back().degree, 8);
   const Problem problem{{100000, 60000, 30000}, {1, 1, 1}};
   ASSERT_FALSE(every_gpu_used(costs, problem));
-  // With h100's calibrated all-to-all constants the root LP alone no longer proves the
-  // optimum: allow a few branch-and-bound nodes.
+  // Three sequences: CBC may need nodes beyond the root to prove the optimum (with h100's
+  // attention efficiency curves its root bound stops short of it).
   MilpOptions options;
-  options.max_nodes = 100;
+  options.max_nodes = 1000;
   const MilpResult milp = solve_milp(costs, problem, options);
   EXPECT_EQ(check_solution(costs, problem, milp.solution), "");
   EXPECT_TRUE(milp.proven_optimal);
