@@ -2,14 +2,29 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "ballast/collectives.hpp"
 #include "ballast/units.hpp"
 
 namespace ballast {
+
+/// One measured or published point of an attention kernel's efficiency curve.
+struct EfficiencyPoint {
+  /// Equivalent causal document length L of the work: a block with P causal (query, key)
+  /// pairs has L(L+1)/2 = P; for a whole document, its length.
+  Tokens tokens = 0;
+  /// Achieved / peak_flops_per_s, FLOPs counted as 4 * head_dim * heads * L(L+1)/2 per
+  /// call (x2.5 for the backward pass), as FlashAttention's benchmarks count them.
+  double efficiency = 0;
+  std::string source;  ///< where the number comes from (paper, figure, file)
+
+  bool operator==(const EfficiencyPoint&) const = default;
+};
 
 /// A homogeneous GPU cluster. Ranks are numbered node-major: rank = node * gpus_per_node
 /// + local index. Local GPU i uses NIC i / gpus_per_nic() of its node.
@@ -22,7 +37,9 @@ struct Cluster {
   Bytes gpu_memory_bytes = 0;
   double peak_flops_per_s = 0;        ///< dense BF16 peak per GPU
   double matmul_efficiency = 0;       ///< achieved / peak for the linear layers (GEMMs)
-  double attention_efficiency = 0;    ///< achieved / peak for attention on long documents
+  /// Achieved / peak for attention tiles, used for a pass whose curve below is empty
+  /// (older cluster files): every tile at this one efficiency, forward and backward.
+  double attention_efficiency = 0;
   Tokens attention_tile_tokens = 128; ///< attention kernels work in square tiles of this size
   double memory_usable_fraction = 0;  ///< share of gpu_memory_bytes a plan may use
 
@@ -36,6 +53,17 @@ struct Cluster {
 
   std::string provenance;  ///< where the numbers come from
 
+  /// Calibrated latency and bus bandwidth per collective and GPU count inside one node
+  /// (nccl-tests fits, `ballast calibrate`); an op without entries uses the alpha-beta
+  /// model of the fields above (collectives.hpp, intra_node_collective_fit). Optional in
+  /// JSON ("intra_node_collectives"), written only when not empty.
+  CollectiveFitTable intra_node_collectives;
+
+  /// Attention efficiency by equivalent causal length, one curve per pass (tokens strictly
+  /// increasing); empty = the flat attention_efficiency. See docs/cost-model.md.
+  std::vector<EfficiencyPoint> attention_forward_curve;
+  std::vector<EfficiencyPoint> attention_backward_curve;
+
   int ranks() const { return nodes * gpus_per_node; }
   int node_of(int rank) const { return rank / gpus_per_node; }
   int gpus_per_nic() const { return gpus_per_node / nics_per_node; }
@@ -45,6 +73,11 @@ struct Cluster {
   }
   bool same_node(int rank_a, int rank_b) const { return node_of(rank_a) == node_of(rank_b); }
 };
+
+/// Efficiency of `curve` at equivalent causal length `tokens`: linear in log(tokens)
+/// between neighbouring points, the end point's value outside the table. `curve` must be
+/// non-empty with strictly increasing tokens (validate_cluster checks both).
+double curve_efficiency(std::span<const EfficiencyPoint> curve, double tokens);
 
 /// Throws InputError naming `source` and the field if the cluster is impossible
 /// (no nodes, NICs not dividing the GPUs, non-positive bandwidth or memory, ...).
@@ -57,7 +90,9 @@ Cluster cluster_preset(const std::string& name);
 Cluster load_cluster(const std::string& preset_or_file, std::optional<int> nodes = std::nullopt);
 
 nlohmann::json to_json(const Cluster& cluster);
-/// Every field is required except `provenance`; throws InputError naming `source`.
+/// Every field is required except `provenance`, `intra_node_collectives` and
+/// `attention_efficiency_curve` ({"forward": [{"tokens", "efficiency", "source"}, ...],
+/// "backward": [...]}, either pass optional); throws InputError naming `source`.
 Cluster cluster_from_json(const nlohmann::json& json, const std::string& source);
 
 }  // namespace ballast

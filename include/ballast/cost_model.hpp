@@ -3,6 +3,7 @@
 // profiled (FlexSP's a1, a2, b1, bw[d] coefficients loaded from JSON).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <span>
 #include <string>
@@ -11,12 +12,20 @@
 #include <nlohmann/json.hpp>
 
 #include "ballast/cluster.hpp"
+#include "ballast/collectives.hpp"
 #include "ballast/model.hpp"
 #include "ballast/units.hpp"
 
 namespace ballast {
 
 enum class Pass { forward, backward };
+
+/// Attention backward FLOPs / forward FLOPs: 5 matrix products (with recomputation) against
+/// 2 (SYSTEMS.md section 1; FlashAttention-2's benchmarks count 2.5x).
+inline constexpr double kAttentionBackwardFactor = 2.5;
+/// Attention FLOPs per causal (query, key) pair per head dimension: QK^T and PV, 2 FLOPs
+/// per multiply-add.
+inline constexpr double kAttentionFlopsPerPairPerHeadDim = 4.0;
 
 /// Bytes of model states per parameter under ZeRO-3 with mixed-precision Adam: 2 (bf16
 /// weights) + 2 (bf16 grads) + 12 (fp32 master weights, Adam m and v) = 16, sharded over
@@ -37,6 +46,42 @@ struct AttentionBlock {
 Tokens causal_pairs(const AttentionBlock& block);
 /// A whole causal document of `length` tokens as one block.
 inline AttentionBlock whole_document(Tokens length) { return {0, length, 0, length}; }
+/// The equivalent causal document length L of `pairs` causal pairs: L(L+1)/2 = pairs.
+double equivalent_causal_length(double pairs);
+
+/// The analytical family's attention pricing, built once from a Cluster: a block costs its
+/// causal tiles (cluster.attention_tile_tokens square) at the tile efficiency of its pass's
+/// curve at the block's equivalent causal length. A curve point (L, e) becomes the tile
+/// efficiency e * tiles(L) * T^2 / pairs(L), so that a whole document of L tokens takes
+/// exactly the time the curve states; between points it is linear in log(L), clamped
+/// outside. A pass without a curve prices every tile at cluster.attention_efficiency.
+class AttentionTilePricing {
+ public:
+  explicit AttentionTilePricing(const Cluster& cluster);
+  /// The block's work in causal pairs at the pass's best tile efficiency: tiles x T^2 x
+  /// best / efficiency(L). Always >= causal_pairs(block). No allocation; one log, one
+  /// square root off the diagonal, a scan of the points.
+  double effective_pairs(const AttentionBlock& block, Pass pass) const;
+  /// The best tile efficiency of the pass (every block is priced at or below it).
+  double best_tile_efficiency(Pass pass) const;
+
+ private:
+  /// One pass's curve in the form the fast path reads.
+  struct Table {
+    std::vector<double> tokens;            ///< L of each point
+    std::vector<double> log_tokens;        ///< log(L) of each point
+    std::vector<double> inverse_log_step;  ///< 1 / (log L[i+1] - log L[i])
+    std::vector<double> tile_efficiency;   ///< each point's efficiency on tile work
+    double best = 0;                       ///< the largest tile efficiency (flat: the constant)
+  };
+  static Table make_table(const std::vector<EfficiencyPoint>& curve, double flat_efficiency,
+                          Tokens tile_tokens);
+  const Table& table(Pass pass) const { return pass == Pass::forward ? forward_ : backward_; }
+
+  Tokens tile_tokens_;
+  Table forward_;
+  Table backward_;
+};
 
 /// Every operation's time is for the whole model: an op that happens once per layer
 /// (attention, a ring transfer, an all-to-all) is charged for all `layers` layers.
@@ -83,6 +128,10 @@ class CostModel {
   /// All-gather inside `ranks` of bytes_per_rank[i] from each member (ring algorithm).
   virtual Seconds all_gather_time_s(std::span<const int> ranks,
                                     std::span<const Bytes> bytes_per_rank) const;
+  /// ONE `op` on `gpus` GPUs of one node moving `bytes` in nccl-tests' size convention,
+  /// NOT multiplied by the layers: intra_node_collective_time_s(cluster(), op, gpus, bytes)
+  /// without its table lookup (the constants are cached at construction).
+  Seconds collective_time_s(CollectiveOp op, int gpus, Bytes bytes) const;
   /// Data-parallel gradient synchronisation over all ranks, once per step.
   virtual Seconds gradient_sync_time_s() const;
   /// One of `buckets` equal buckets of that synchronisation (1/buckets of the bytes, the
@@ -99,13 +148,20 @@ class CostModel {
   Tokens token_capacity_per_rank() const;
 
  protected:
+  /// intra_node_collective_fit(cluster_, op, gpus) from the cache below.
+  CollectiveFit intra_node_fit(CollectiveOp op, int gpus) const;
+
   Cluster cluster_;
   Model model_;
+
+ private:
+  /// cluster_.intra_node_collectives indexed by op: no map lookup on the planners' hot path.
+  std::array<std::vector<CollectiveFit>, kCollectiveOpCount> collective_fits_;
 };
 
 /// Roofline: FLOPs / (peak * efficiency), attention quantised to square tiles of
-/// cluster.attention_tile_tokens (a 16-token document costs one 128x128 tile), links
-/// alpha-beta.
+/// cluster.attention_tile_tokens (a 16-token document costs one 128x128 tile) and priced
+/// at the efficiency of its pass's curve (AttentionTilePricing), links alpha-beta.
 class AnalyticalCostModel final : public CostModel {
  public:
   AnalyticalCostModel(Cluster cluster, Model model);
@@ -115,6 +171,9 @@ class AnalyticalCostModel final : public CostModel {
                            Pass pass) const override;
   Seconds attention_pair_floor_s(double pairs, Pass pass) const override;
   Seconds linear_time_s(Tokens tokens, Pass pass) const override;
+
+ private:
+  AttentionTilePricing attention_pricing_;
 };
 
 /// FlexSP's profiled form: per sequence (a1*s^2 + a2*s)/d + b1 per group, all-to-all at

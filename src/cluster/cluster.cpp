@@ -1,5 +1,7 @@
 // Cluster validation, JSON round trip and load_cluster (a preset name or a JSON file).
 // The presets themselves live in presets.cpp.
+#include <cmath>
+
 #include "ballast/cluster.hpp"
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
@@ -10,12 +12,19 @@ namespace ballast {
 namespace {
 
 /// Every member cluster_from_json reads (and to_json writes); any other is an error.
-constexpr std::array<std::string_view, 17> kClusterKeys = {
+constexpr std::array<std::string_view, 19> kClusterKeys = {
     "name", "gpu_name", "nodes", "gpus_per_node", "gpu_memory_bytes", "peak_flops_per_s",
     "matmul_efficiency", "attention_efficiency", "attention_tile_tokens",
     "memory_usable_fraction", "intra_node_bus_bw_bytes_per_s", "intra_node_p2p_bw_bytes_per_s",
     "intra_node_latency_s", "nics_per_node", "nic_bw_bytes_per_s", "inter_node_latency_s",
-    "provenance"};
+    "provenance", "intra_node_collectives", "attention_efficiency_curve"};
+
+/// The members of "attention_efficiency_curve" and of each of its points.
+constexpr std::array<std::string_view, 2> kCurvePassKeys = {"forward", "backward"};
+constexpr std::array<std::string_view, 3> kCurvePointKeys = {"tokens", "efficiency", "source"};
+/// A curve is searched on every attention call; dozens of points are already more than any
+/// benchmark sweep gives (FlashAttention's charts have 6).
+constexpr std::size_t kMaxCurvePoints = 64;
 
 [[noreturn]] void reject(const std::string& source, const std::string& field,
                          const std::string& problem) {
@@ -34,6 +43,27 @@ void require_fraction(double value, const std::string& source, const std::string
 
 void require_non_negative(double value, const std::string& source, const std::string& field) {
   if (!(value >= 0)) reject(source, field, fmt::format("must be >= 0 (got {}); fix it", value));
+}
+
+void validate_curve(const std::vector<EfficiencyPoint>& curve, const std::string& source,
+                    const std::string& field) {
+  if (curve.size() > kMaxCurvePoints) {
+    reject(source, field, fmt::format("has {} points, over ballast's limit of {}; keep one point "
+                                      "per benchmarked length", curve.size(), kMaxCurvePoints));
+  }
+  for (std::size_t i = 0; i < curve.size(); ++i) {
+    const std::string point = fmt::format("{}[{}]", field, i);
+    if (curve[i].tokens < 1) {
+      reject(source, point + ".tokens", fmt::format("must be >= 1 (got {})", curve[i].tokens));
+    }
+    if (i > 0 && curve[i].tokens <= curve[i - 1].tokens) {
+      reject(source, point + ".tokens",
+             fmt::format("({}) must be greater than the previous point's ({}); list the points "
+                         "by increasing length, one per length",
+                         curve[i].tokens, curve[i - 1].tokens));
+    }
+    require_fraction(curve[i].efficiency, source, point + ".efficiency");
+  }
 }
 
 void validate_topology(const Cluster& cluster, const std::string& source) {
@@ -65,6 +95,42 @@ void validate_topology(const Cluster& cluster, const std::string& source) {
   }
 }
 
+nlohmann::json curve_to_json(const std::vector<EfficiencyPoint>& curve) {
+  nlohmann::json points = nlohmann::json::array();
+  for (const EfficiencyPoint& point : curve) {
+    points.push_back(
+        {{"tokens", point.tokens}, {"efficiency", point.efficiency}, {"source", point.source}});
+  }
+  return points;
+}
+
+std::vector<EfficiencyPoint> curve_from_json(const nlohmann::json& curves, const std::string& pass,
+                                             const std::string& source) {
+  if (!curves.contains(pass)) return {};
+  const std::string field = "attention_efficiency_curve." + pass;
+  const nlohmann::json& points = curves[pass];
+  if (!points.is_array() || points.empty()) {
+    reject(source, field,
+           "must be a non-empty array of {\"tokens\", \"efficiency\", \"source\"} points; "
+           "omit the pass to use attention_efficiency");
+  }
+  std::vector<EfficiencyPoint> curve;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const std::string where = fmt::format("{}: {}[{}]", source, field, i);
+    if (!points[i].is_object()) {
+      throw InputError(where + ": a point must be an object {\"tokens\", \"efficiency\", "
+                               "\"source\"}");
+    }
+    reject_unknown_keys(points[i], kCurvePointKeys, where);
+    EfficiencyPoint point;
+    point.tokens = required_field<Tokens>(points[i], "tokens", where);
+    point.efficiency = required_field<double>(points[i], "efficiency", where);
+    point.source = optional_field<std::string>(points[i], "source", "", where);
+    curve.push_back(std::move(point));
+  }
+  return curve;
+}
+
 }  // namespace
 
 void validate_cluster(const Cluster& cluster, const std::string& source) {
@@ -84,6 +150,23 @@ void validate_cluster(const Cluster& cluster, const std::string& source) {
   require_non_negative(cluster.intra_node_latency_s, source, "intra_node_latency_s");
   require_positive(cluster.nic_bw_bytes_per_s, source, "nic_bw_bytes_per_s");
   require_non_negative(cluster.inter_node_latency_s, source, "inter_node_latency_s");
+  validate_collective_fits(cluster.intra_node_collectives, cluster.gpus_per_node, source);
+  validate_curve(cluster.attention_forward_curve, source, "attention_efficiency_curve.forward");
+  validate_curve(cluster.attention_backward_curve, source, "attention_efficiency_curve.backward");
+}
+
+double curve_efficiency(std::span<const EfficiencyPoint> curve, double tokens) {
+  BALLAST_CHECK(!curve.empty(), "curve_efficiency needs at least one point");
+  if (tokens <= static_cast<double>(curve.front().tokens)) return curve.front().efficiency;
+  if (tokens >= static_cast<double>(curve.back().tokens)) return curve.back().efficiency;
+  std::size_t upper = 1;
+  while (static_cast<double>(curve[upper].tokens) < tokens) ++upper;
+  const EfficiencyPoint& left = curve[upper - 1];
+  const EfficiencyPoint& right = curve[upper];
+  const double position = std::log(tokens / static_cast<double>(left.tokens)) /
+                          std::log(static_cast<double>(right.tokens) /
+                                   static_cast<double>(left.tokens));
+  return left.efficiency + position * (right.efficiency - left.efficiency);
 }
 
 nlohmann::json to_json(const Cluster& cluster) {
@@ -105,6 +188,20 @@ nlohmann::json to_json(const Cluster& cluster) {
   json["nic_bw_bytes_per_s"] = cluster.nic_bw_bytes_per_s;
   json["inter_node_latency_s"] = cluster.inter_node_latency_s;
   json["provenance"] = cluster.provenance;
+  // Only when calibrated, so plans on uncalibrated clusters keep their bytes.
+  if (!cluster.intra_node_collectives.empty()) {
+    json["intra_node_collectives"] = collective_fits_to_json(cluster.intra_node_collectives);
+  }
+  if (!cluster.attention_forward_curve.empty() || !cluster.attention_backward_curve.empty()) {
+    nlohmann::json curves = nlohmann::json::object();
+    if (!cluster.attention_forward_curve.empty()) {
+      curves["forward"] = curve_to_json(cluster.attention_forward_curve);
+    }
+    if (!cluster.attention_backward_curve.empty()) {
+      curves["backward"] = curve_to_json(cluster.attention_backward_curve);
+    }
+    json["attention_efficiency_curve"] = std::move(curves);
+  }
   return json;
 }
 
@@ -135,6 +232,19 @@ Cluster cluster_from_json(const nlohmann::json& json, const std::string& source)
   cluster.nic_bw_bytes_per_s = required_field<double>(json, "nic_bw_bytes_per_s", source);
   cluster.inter_node_latency_s = required_field<double>(json, "inter_node_latency_s", source);
   cluster.provenance = optional_field<std::string>(json, "provenance", "", source);
+  if (const auto it = json.find("intra_node_collectives"); it != json.end()) {
+    cluster.intra_node_collectives = collective_fits_from_json(*it, source);
+  }
+  if (json.contains("attention_efficiency_curve")) {
+    const nlohmann::json& curves = json["attention_efficiency_curve"];
+    if (!curves.is_object()) {
+      reject(source, "attention_efficiency_curve",
+             "must be an object {\"forward\": [...], \"backward\": [...]}");
+    }
+    reject_unknown_keys(curves, kCurvePassKeys, source + ": attention_efficiency_curve");
+    cluster.attention_forward_curve = curve_from_json(curves, "forward", source);
+    cluster.attention_backward_curve = curve_from_json(curves, "backward", source);
+  }
   validate_cluster(cluster, source);
   return cluster;
 }

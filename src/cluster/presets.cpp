@@ -1,5 +1,9 @@
 // Cluster presets: the clusters of FlexSP and Zeppelin and DGX H100/H200 nodes, every
 // constant with its source (SYSTEMS.md section 5, the papers, data/profiles).
+#include <array>
+#include <string>
+#include <vector>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -13,6 +17,58 @@ namespace {
 
 constexpr double kGBPerS = 1e9;    // link bandwidths are decimal GB/s, as NCCL reports them
 constexpr double kTFlops = 1e12;
+
+/// The sequence lengths of FlashAttention-2's and -3's benchmark charts (batch x length =
+/// 16K tokens, hidden 2048, head dim 128, BF16).
+constexpr std::array<Tokens, 6> kChartLengths = {512, 1024, 2048, 4096, 8192, 16384};
+
+/// One curve point per chart length: efficiency = TFLOP/s / peak TFLOP/s (FlashAttention's
+/// causal FLOP count, 4 * head_dim * heads * L^2 / 2, is within 0.2% of ballast's
+/// L(L+1)/2 at 512 tokens), each point's source naming the figure and the value.
+std::vector<EfficiencyPoint> chart_curve(const std::array<double, 6>& tflops, double peak_tflops,
+                                         const std::string& figure) {
+  std::vector<EfficiencyPoint> curve;
+  for (std::size_t i = 0; i < kChartLengths.size(); ++i) {
+    curve.push_back({kChartLengths[i], tflops[i] / peak_tflops,
+                     fmt::format("{}: {} TFLOP/s at {} tokens", figure, tflops[i],
+                                 kChartLengths[i])});
+  }
+  return curve;
+}
+
+/// H100 SXM5, FlashAttention-3. Forward: SYSTEMS.md section 5 (FA3 paper, arXiv 2407.08608,
+/// Figure 5 "with causal mask, head dim 128", values as SYSTEMS.md quotes them). Backward:
+/// the paper's backward chart (head dim 128) is without causal mask (316, 424, 501, 542,
+/// 559, 561 TFLOP/s); causal is an estimate: those values x the forward causal / non-causal
+/// ratio at the same length (forward non-causal 467, 565, 625, 638, 646, 648 TFLOP/s).
+void set_fa3_h100_curves(Cluster& cluster) {
+  constexpr double kPeakTflops = 989;
+  cluster.attention_forward_curve =
+      chart_curve({290, 420, 520, 580, 600, 616}, kPeakTflops,
+                  "FlashAttention-3 paper (arXiv 2407.08608) Fig. 5, H100 SXM5, BF16, causal, "
+                  "head dim 128, forward (SYSTEMS.md 5)");
+  cluster.attention_backward_curve =
+      chart_curve({196, 315, 417, 493, 519, 533}, kPeakTflops,
+                  "estimate: FlashAttention-3 paper backward chart (H100 SXM5, head dim 128, "
+                  "without causal mask: 316..561 TFLOP/s) x forward causal/non-causal ratio");
+}
+
+/// A100 SXM4, FlashAttention-2 (arXiv 2307.08691), causal, head dim 128. Estimates built on
+/// three figures of the paper as a summary of it reports them: forward+backward 99 TFLOP/s
+/// at 512 and 189 at 16K (Fig. 4d), forward up to ~200 (Fig. 5d). Backward at 16K follows
+/// (3.5 / (1/200 + 2.5/b) = 189: b = 185); forward/backward at 512 keep 16K's ratio
+/// (105 / 97, giving 99 combined); lengths between take FA3's causal forward shape.
+void set_fa2_a100_curves(Cluster& cluster) {
+  constexpr double kPeakTflops = 312;
+  cluster.attention_forward_curve =
+      chart_curve({105, 143, 172, 190, 195, 200}, kPeakTflops,
+                  "estimate from FlashAttention-2 paper (arXiv 2307.08691) Figs. 4d/5d, A100 "
+                  "SXM4, causal, head dim 128, forward");
+  cluster.attention_backward_curve =
+      chart_curve({97, 132, 159, 175, 181, 185}, kPeakTflops,
+                  "estimate from FlashAttention-2 paper (arXiv 2307.08691) Figs. 4d/5d, A100 "
+                  "SXM4, causal, head dim 128, backward");
+}
 
 /// Fields shared by every preset; each preset overrides the hardware-specific ones.
 Cluster common_cluster() {
@@ -39,21 +95,24 @@ Cluster a100_ib400() {
   cluster.gpu_name = "A100-SXM4-40GB";
   cluster.gpu_memory_bytes = static_cast<Bytes>(40 * kGiB);  // SYSTEMS.md 5: A100 40 GB
   cluster.peak_flops_per_s = 312 * kTFlops;                   // SYSTEMS.md 5: dense BF16
-  // FlashAttention-2 (Dao 2023): 50-73% of peak on A100.
+  // Fallback only (the curves below): FlashAttention-2 (Dao 2023): 50-73% of peak on A100.
   cluster.attention_efficiency = 0.6;
   cluster.memory_usable_fraction = 30.0 / 40.0;  // FlexSP's 30 GB memory limit (SYSTEMS.md 2)
   cluster.intra_node_bus_bw_bytes_per_s = 230 * kGBPerS;  // estimate: NVLink3 ring busbw
   cluster.intra_node_p2p_bw_bytes_per_s = 150 * kGBPerS;  // estimate: NVLink3 send/recv
   cluster.nics_per_node = 1;
   cluster.nic_bw_bytes_per_s = 46 * kGBPerS;  // SYSTEMS.md 5: NDR 400 Gb/s achieves 46-49 GB/s
+  set_fa2_a100_curves(cluster);
   cluster.provenance =
       "FlexSP (ASPLOS'25) cluster, SYSTEMS.md sections 2 and 5: 8 nodes x 8 A100-40GB, "
-      "312 TFLOP/s BF16; attention efficiency 0.6 from FlashAttention-2 (50-73% of peak on "
-      "A100); memory limit 30 of 40 GB as in FlexSP. One 400 Gb/s NIC per node shared by "
+      "312 TFLOP/s BF16; attention efficiency curves (forward, backward) estimated from "
+      "FlashAttention-2's A100 causal head-dim-128 figures (arXiv 2307.08691 Figs. 4d, 5d; "
+      "docs/fidelity.md), flat fallback 0.6 (50-73% of peak); memory limit 30 of 40 GB as in FlexSP. One 400 Gb/s NIC per node shared by "
       "its 8 GPUs (ballast's choice: it reproduces FlexSP's profiled all-to-all cliff, "
       "bw[16] = 10.33 GB/s per device; 46 GB/s / 4 = 11.5 GB/s), 46 GB/s achieved (NDR "
       "400 Gb/s achieves 46-49 GB/s). NVLink3 bus bandwidth 230 GB/s and P2P 150 GB/s are "
-      "estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5 ranges).";
+      "estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5 ranges). No "
+      "nccl-tests measurements: collectives use the alpha-beta estimate.";
   return cluster;
 }
 
@@ -63,20 +122,45 @@ Cluster a800_roce() {
   cluster.gpu_name = "A800-SXM4-80GB";
   cluster.gpu_memory_bytes = static_cast<Bytes>(80 * kGiB);  // SYSTEMS.md 5: 80 GB
   cluster.peak_flops_per_s = 312 * kTFlops;                   // SYSTEMS.md 5: dense BF16
-  cluster.attention_efficiency = 0.6;  // FlashAttention-2 (Dao 2023): 50-73% of A100 peak
+  // Fallback only (the curves below): FlashAttention-2 (Dao 2023): 50-73% of A100 peak.
+  cluster.attention_efficiency = 0.6;
   // Estimate: A800 NVLink is 400 GB/s total (2/3 of A100's 600 GB/s); 160 GB/s ring
   // busbw and 100 GB/s send/recv scale the A100 estimates by about 2/3.
   cluster.intra_node_bus_bw_bytes_per_s = 160 * kGBPerS;
   cluster.intra_node_p2p_bw_bytes_per_s = 100 * kGBPerS;
   cluster.nics_per_node = 4;                  // Zeppelin cluster A: 4 x 200 Gb/s RoCE
   cluster.nic_bw_bytes_per_s = 24 * kGBPerS;  // SYSTEMS.md 5: 200 Gb/s achieves ~24 GB/s
+  set_fa2_a100_curves(cluster);  // estimate: A800 has A100's SMs and clock
   cluster.provenance =
       "Zeppelin (EuroSys'26) cluster A, SYSTEMS.md sections 3 and 5: 8 nodes x 8 "
       "A800-80GB, 312 TFLOP/s BF16, 4 x 200 Gb/s RoCE NICs per node (2 GPUs per NIC), "
-      "~24 GB/s achieved each; attention efficiency 0.6 from FlashAttention-2 (50-73% of "
-      "peak on A100). NVLink (400 GB/s total on A800) bus bandwidth 160 GB/s and P2P "
-      "100 GB/s are estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5).";
+      "~24 GB/s achieved each; attention efficiency curves as a100-ib400 (A800 has A100's "
+      "SMs and clock: an estimate), from FlashAttention-2's A100 figures, flat fallback 0.6. "
+      "NVLink (400 GB/s total on A800) bus bandwidth 160 GB/s and P2P "
+      "100 GB/s are estimates. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5). No "
+      "nccl-tests measurements: collectives use the alpha-beta estimate.";
   return cluster;
+}
+
+/// NVLink4 / NVSwitch collectives inside one DGX node, fitted to
+/// data/profiles/h200_8gpu_nccl_tests.csv (nccl-tests on one 8x H200 node, fp16, 8 MiB ..
+/// 8 GiB; all_reduce on 8 GPUs shows NVLS) by least squares on the relative error.
+/// Regenerate with:
+///   ballast calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --cluster h200
+/// Worst errors per (op, GPUs) are in docs/fidelity.md. No alltoall rows are bundled: the
+/// all_to_all entries are the all_gather fits, an estimate (same bytes per GPU over the
+/// same NVSwitch links).
+CollectiveFitTable nvlink4_collectives() {
+  const std::vector<CollectiveFit> all_gather = {
+      {2, 24.643e-6, 351.8328e9}, {4, 33.208e-6, 369.3949e9}, {8, 51.429e-6, 374.2591e9}};
+  return {
+      {CollectiveOp::all_gather, all_gather},
+      {CollectiveOp::reduce_scatter,
+       {{2, 34.135e-6, 264.0987e9}, {4, 35.988e-6, 328.0188e9}, {8, 54.962e-6, 361.9209e9}}},
+      {CollectiveOp::all_reduce,
+       {{2, 26.948e-6, 358.4223e9}, {4, 37.938e-6, 373.5371e9}, {8, 67.206e-6, 466.1408e9}}},
+      {CollectiveOp::all_to_all, all_gather},  // estimate: no alltoall measurements bundled
+  };
 }
 
 Cluster h100() {
@@ -85,18 +169,29 @@ Cluster h100() {
   cluster.gpu_name = "H100-SXM-80GB";
   cluster.gpu_memory_bytes = static_cast<Bytes>(80 * kGiB);  // SYSTEMS.md 5: 80 GB HBM
   cluster.peak_flops_per_s = 989 * kTFlops;                   // SYSTEMS.md 5: dense BF16
-  // SYSTEMS.md 5: FlashAttention-3 causal ~680 TFLOP/s forward at 32K.
-  cluster.attention_efficiency = 680.0 / 989.0;
+  // Fallback only (the curves below): SYSTEMS.md 5, FlashAttention-3 causal forward ~616
+  // TFLOP/s at 16K, its longest published point.
+  cluster.attention_efficiency = 616.0 / 989.0;
   cluster.intra_node_bus_bw_bytes_per_s = 370 * kGBPerS;  // SYSTEMS.md 5: ~370 GB/s busbw
-  // SYSTEMS.md 5: NCCL send/recv 80-180 GB/s between two GPUs; 150 is an estimate.
-  cluster.intra_node_p2p_bw_bytes_per_s = 150 * kGBPerS;
+  // One GPU sending to one peer over NVSwitch: the 2-GPU all_gather's fitted bus bandwidth
+  // (nvlink4_collectives; there each GPU sends its half to the other). It replaces a
+  // 150 GB/s guess within SYSTEMS.md 5's 80-180 GB/s for NCCL send/recv.
+  cluster.intra_node_p2p_bw_bytes_per_s = 351.8328e9;
   cluster.nics_per_node = 8;                  // SYSTEMS.md 5: DGX H100, one NIC per GPU
   cluster.nic_bw_bytes_per_s = 47 * kGBPerS;  // SYSTEMS.md 5: NDR 400 Gb/s, 46-49 GB/s
+  cluster.intra_node_collectives = nvlink4_collectives();
+  set_fa3_h100_curves(cluster);
   cluster.provenance =
       "DGX H100, SYSTEMS.md section 5: 8 nodes x 8 H100-SXM-80GB, 989 TFLOP/s BF16, "
-      "attention efficiency 680/989 (FlashAttention-3 causal forward at 32K), NVLink "
-      "busbw ~370 GB/s, P2P 150 GB/s (estimate within NCCL's 80-180 GB/s), 8 x 400 Gb/s "
-      "NICs per node (one per GPU) achieving ~47 GB/s. Latency 10 us intra / 30 us inter.";
+      "attention efficiency curves from FlashAttention-3 (arXiv 2407.08608): causal forward "
+      "290..616 TFLOP/s at 512..16K tokens, backward estimated (docs/fidelity.md), flat "
+      "fallback 616/989; NVLink busbw ~370 GB/s, 8 x 400 Gb/s NICs per node (one per GPU) "
+      "achieving ~47 GB/s. Latency 10 us intra / 30 us inter. Collectives inside a node "
+      "(all_gather, reduce_scatter, all_reduce on 2/4/8 GPUs) and P2P 351.8 GB/s (the 2-GPU "
+      "all_gather fit) reuse the DGX H200 measurements of "
+      "data/profiles/h200_8gpu_nccl_tests.csv (same NVLink4/NVSwitch generation): an "
+      "estimate for H100; all_to_all takes the all_gather fits (estimate, no alltoall "
+      "measurements).";
   return cluster;
 }
 
@@ -107,10 +202,17 @@ Cluster h200() {
   cluster.gpu_memory_bytes = static_cast<Bytes>(141 * kGiB);  // SYSTEMS.md 5: 141 GB HBM
   // data/profiles/h200_8gpu_nccl_tests.csv: all_gather on 8 GPUs, busbw 367 GB/s at 8 GiB.
   cluster.intra_node_bus_bw_bytes_per_s = 367 * kGBPerS;
+  // Attention curves stay h100's: H200 has H100 SXM's SM count and clock (an estimate; its
+  // faster HBM matters little to compute-bound attention).
   cluster.provenance =
       "DGX H200 (Zeppelin cluster C), SYSTEMS.md sections 3 and 5: as h100 with 141 GB "
-      "HBM; NVLink busbw 367 GB/s from data/profiles/h200_8gpu_nccl_tests.csv (8-GPU "
-      "all_gather at 8 GiB); 8 x 400 Gb/s ConnectX-7 NICs per node (~47 GB/s each).";
+      "HBM and H100's attention curves (same SM count and clock: an estimate); NVLink "
+      "busbw 367 GB/s from data/profiles/h200_8gpu_nccl_tests.csv (8-GPU all_gather at "
+      "8 GiB); 8 x 400 Gb/s ConnectX-7 NICs per node (~47 GB/s each). Collectives inside a "
+      "node fitted to the same file (all_gather, reduce_scatter, all_reduce on 2/4/8 GPUs; "
+      "`ballast calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --cluster "
+      "h200`), P2P 351.8 GB/s from the 2-GPU all_gather fit; all_to_all takes the "
+      "all_gather fits (estimate, no alltoall measurements).";
   return cluster;
 }
 

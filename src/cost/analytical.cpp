@@ -1,6 +1,8 @@
 // AnalyticalCostModel: roofline times from Cluster + Model, with causal attention
-// quantised to the square tiles attention kernels compute (shape-dependent efficiency).
+// quantised to the square tiles attention kernels compute and priced at the efficiency of
+// its pass's curve at the block's equivalent length (AttentionTilePricing).
 #include <algorithm>
+#include <cmath>
 
 #include "ballast/cost_model.hpp"
 #include "ballast/error.hpp"
@@ -9,12 +11,8 @@ namespace ballast {
 
 namespace {
 
-// SYSTEMS.md section 1: attention backward ~2.5x forward FLOPs.
-constexpr double kAttentionBackwardFactor = 2.5;
 // Linear layers: backward computes input and weight gradients, 2x the forward GEMMs.
 constexpr double kLinearBackwardFactor = 2.0;
-// QK^T and PV: 2 matrix products, 2 FLOPs per multiply-add, per (query, key, head dim).
-constexpr double kAttentionFlopsPerPairPerHeadDim = 4.0;
 
 double attention_pass_factor(Pass pass) {
   return pass == Pass::forward ? 1.0 : kAttentionBackwardFactor;
@@ -58,8 +56,73 @@ Tokens causal_tiles(const AttentionBlock& block, Tokens tile_tokens) {
 
 }  // namespace
 
+double equivalent_causal_length(double pairs) {
+  return pairs <= 0 ? 0.0 : (std::sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0;
+}
+
+AttentionTilePricing::AttentionTilePricing(const Cluster& cluster)
+    : tile_tokens_(cluster.attention_tile_tokens),
+      forward_(make_table(cluster.attention_forward_curve, cluster.attention_efficiency,
+                          cluster.attention_tile_tokens)),
+      backward_(make_table(cluster.attention_backward_curve, cluster.attention_efficiency,
+                           cluster.attention_tile_tokens)) {}
+
+AttentionTilePricing::Table AttentionTilePricing::make_table(
+    const std::vector<EfficiencyPoint>& curve, double flat_efficiency, Tokens tile_tokens) {
+  Table table;
+  table.best = curve.empty() ? flat_efficiency : 0.0;
+  const double tile_pairs = static_cast<double>(tile_tokens) * static_cast<double>(tile_tokens);
+  for (const EfficiencyPoint& point : curve) {
+    // The curve counts causal pairs; the model charges whole tiles: a whole document of
+    // point.tokens tokens must take pairs / efficiency = tiles * T^2 / tile efficiency.
+    const double pairs = static_cast<double>(causal_pairs(whole_document(point.tokens)));
+    const double tiles =
+        static_cast<double>(causal_tiles(whole_document(point.tokens), tile_tokens));
+    table.tokens.push_back(static_cast<double>(point.tokens));
+    table.log_tokens.push_back(std::log(static_cast<double>(point.tokens)));
+    table.tile_efficiency.push_back(point.efficiency * tiles * tile_pairs / pairs);
+    table.best = std::max(table.best, table.tile_efficiency.back());
+  }
+  for (std::size_t i = 0; i + 1 < table.log_tokens.size(); ++i) {
+    table.inverse_log_step.push_back(1.0 / (table.log_tokens[i + 1] - table.log_tokens[i]));
+  }
+  return table;
+}
+
+double AttentionTilePricing::effective_pairs(const AttentionBlock& block, Pass pass) const {
+  const Tokens tiles = causal_tiles(block, tile_tokens_);
+  if (tiles == 0) return 0.0;
+  const double tile_work = static_cast<double>(tiles) * static_cast<double>(tile_tokens_) *
+                           static_cast<double>(tile_tokens_);
+  const Table& curve = table(pass);
+  if (curve.tokens.empty()) return tile_work;  // flat: every tile at the best efficiency
+  // A block on the diagonal (a whole document, a zigzag chunk against itself) has
+  // L = its length, no square root needed; the planners price whole documents most.
+  const bool diagonal = block.q_begin == block.kv_begin && block.q_end == block.kv_end;
+  const double length = diagonal ? static_cast<double>(block.q_end - block.q_begin)
+                                 : equivalent_causal_length(static_cast<double>(causal_pairs(block)));
+  double efficiency = 0;
+  if (length <= curve.tokens.front()) {
+    efficiency = curve.tile_efficiency.front();
+  } else if (length >= curve.tokens.back()) {
+    efficiency = curve.tile_efficiency.back();
+  } else {
+    std::size_t upper = 1;  // curves are short (FlashAttention's charts: 6 points): a scan
+    while (curve.tokens[upper] < length) ++upper;
+    const std::size_t lower = upper - 1;
+    const double position =
+        (std::log(length) - curve.log_tokens[lower]) * curve.inverse_log_step[lower];
+    efficiency = curve.tile_efficiency[lower] +
+                 std::clamp(position, 0.0, 1.0) *
+                     (curve.tile_efficiency[upper] - curve.tile_efficiency[lower]);
+  }
+  return tile_work * (curve.best / std::min(efficiency, curve.best));
+}
+
+double AttentionTilePricing::best_tile_efficiency(Pass pass) const { return table(pass).best; }
+
 AnalyticalCostModel::AnalyticalCostModel(Cluster cluster, Model model)
-    : CostModel(std::move(cluster), std::move(model)) {}
+    : CostModel(std::move(cluster), std::move(model)), attention_pricing_(cluster_) {}
 
 nlohmann::json AnalyticalCostModel::spec() const { return {{"family", "analytical"}}; }
 
@@ -67,18 +130,19 @@ Seconds AnalyticalCostModel::attention_pair_floor_s(double pairs, Pass pass) con
   const double flops_per_pair =
       kAttentionFlopsPerPairPerHeadDim * model_.head_dim() * model_.heads;
   return model_.layers * pairs * flops_per_pair * attention_pass_factor(pass) /
-         (cluster_.peak_flops_per_s * cluster_.attention_efficiency);
+         (cluster_.peak_flops_per_s * attention_pricing_.best_tile_efficiency(pass));
 }
 
 Seconds AnalyticalCostModel::attention_time_s(std::span<const AttentionBlock> blocks,
                                               int head_split, Pass pass) const {
   BALLAST_CHECK(head_split >= 1, "head_split must be >= 1");
-  const Tokens tile = cluster_.attention_tile_tokens;
-  Tokens tiles = 0;
-  for (const AttentionBlock& block : blocks) tiles += causal_tiles(block, tile);
-  // A tile costs as much as T^2 pairs; reusing the floor keeps time * d >= floor exact.
-  const double tile_pairs = static_cast<double>(tile) * static_cast<double>(tile);
-  return attention_pair_floor_s(static_cast<double>(tiles) * tile_pairs, pass) / head_split;
+  // Each block's tiles in pairs at the pass's best efficiency (>= its causal pairs);
+  // reusing the floor keeps time * d >= floor exact.
+  double effective_pairs = 0;
+  for (const AttentionBlock& block : blocks) {
+    effective_pairs += attention_pricing_.effective_pairs(block, pass);
+  }
+  return attention_pair_floor_s(effective_pairs, pass) / head_split;
 }
 
 Seconds AnalyticalCostModel::linear_time_s(Tokens tokens, Pass pass) const {

@@ -49,7 +49,24 @@ Tokens causal_pairs(const AttentionBlock& block) {
 }
 
 CostModel::CostModel(Cluster cluster, Model model)
-    : cluster_(std::move(cluster)), model_(std::move(model)) {}
+    : cluster_(std::move(cluster)), model_(std::move(model)) {
+  for (const auto& [op, fits] : cluster_.intra_node_collectives) {
+    collective_fits_[static_cast<std::size_t>(op)] = fits;
+  }
+}
+
+CollectiveFit CostModel::intra_node_fit(CollectiveOp op, int gpus) const {
+  const std::vector<CollectiveFit>& fits = collective_fits_[static_cast<std::size_t>(op)];
+  if (!fits.empty()) return interpolate_collective_fit(fits, gpus);
+  return alpha_beta_collective_fit(cluster_, op, gpus);
+}
+
+Seconds CostModel::collective_time_s(CollectiveOp op, int gpus, Bytes bytes) const {
+  if (gpus <= 1 || bytes <= 0) return 0.0;
+  const CollectiveFit fit = intra_node_fit(op, gpus);
+  return fit.latency_s +
+         static_cast<double>(bytes) * bus_bandwidth_factor(op, gpus) / fit.bus_bw_bytes_per_s;
+}
 
 Seconds CostModel::micro_batch_overhead_s(Pass /*pass*/) const { return 0.0; }
 
@@ -87,10 +104,14 @@ Seconds CostModel::all_to_all_time_s(std::span<const int> ranks,
   }
   double max_nic_bytes = 0;
   for (const auto& [nic, bytes] : nic_bytes) max_nic_bytes = std::max(max_nic_bytes, bytes);
+  int max_members = 0;
+  for (const auto& [node, members] : members_per_node) max_members = std::max(max_members, members);
+  // The NVLink part: the node-local all-to-all's constants (calibrated per GPU count, or
+  // alpha-beta); across nodes its latency gives way to the inter-node one.
+  const CollectiveFit nvlink = intra_node_fit(CollectiveOp::all_to_all, std::max(2, max_members));
   const bool spans_nodes = members_per_node.size() > 1;
-  const double latency_s =
-      spans_nodes ? cluster_.inter_node_latency_s : cluster_.intra_node_latency_s;
-  const double transfer_s = std::max(max_intra_bytes / cluster_.intra_node_bus_bw_bytes_per_s,
+  const double latency_s = spans_nodes ? cluster_.inter_node_latency_s : nvlink.latency_s;
+  const double transfer_s = std::max(max_intra_bytes / nvlink.bus_bw_bytes_per_s,
                                      max_nic_bytes / cluster_.nic_bw_bytes_per_s);
   return model_.layers * (latency_s + transfer_s);
 }
@@ -99,29 +120,44 @@ Seconds CostModel::all_gather_time_s(std::span<const int> ranks,
                                      std::span<const Bytes> bytes_per_rank) const {
   BALLAST_CHECK(ranks.size() == bytes_per_rank.size(), "one byte count per rank");
   if (ranks.size() <= 1) return 0.0;
+  struct NodeShare {
+    double bytes = 0;
+    int members = 0;
+    std::set<int> nics;
+  };
   double total_bytes = 0;
   double min_own_bytes = INFINITY;
-  std::map<int, double> node_bytes;
-  std::map<int, std::set<int>> node_nics;
+  std::map<int, NodeShare> nodes;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto bytes = static_cast<double>(bytes_per_rank[i]);
     total_bytes += bytes;
     min_own_bytes = std::min(min_own_bytes, bytes);
-    node_bytes[cluster_.node_of(ranks[i])] += bytes;
-    node_nics[cluster_.node_of(ranks[i])].insert(cluster_.nic_of(ranks[i]));
+    NodeShare& node = nodes[cluster_.node_of(ranks[i])];
+    node.bytes += bytes;
+    ++node.members;
+    node.nics.insert(cluster_.nic_of(ranks[i]));
   }
-  // Ring all-gather: every member receives everything it does not hold; each node
-  // receives the other nodes' bytes through the NICs its members use.
-  double transfer_s = (total_bytes - min_own_bytes) / cluster_.intra_node_bus_bw_bytes_per_s;
-  for (const auto& [node, bytes] : node_bytes) {
-    if (node_bytes.size() == 1) break;
-    const double nics = static_cast<double>(node_nics[node].size());
-    transfer_s = std::max(transfer_s, (total_bytes - bytes) / (nics * cluster_.nic_bw_bytes_per_s));
+  // Ring all-gather: every member receives everything it does not hold. Inside one node:
+  // the calibrated (or alpha-beta) constants of an all-gather on this many GPUs.
+  const int group_size = static_cast<int>(ranks.size());
+  if (nodes.size() == 1) {
+    const CollectiveFit nvlink = intra_node_fit(CollectiveOp::all_gather, group_size);
+    return model_.layers *
+           (nvlink.latency_s + (total_bytes - min_own_bytes) / nvlink.bus_bw_bytes_per_s);
   }
-  const double latency_s = node_bytes.size() > 1 ? cluster_.inter_node_latency_s
-                                                 : cluster_.intra_node_latency_s;
-  const double steps = static_cast<double>(ranks.size() - 1);
-  return model_.layers * (steps * latency_s + transfer_s);
+  // Across nodes: each node receives the other nodes' bytes through the NICs its members
+  // use; the NVLink part at the bandwidth of an all-gather on the largest node's members;
+  // one inter-node latency per ring step.
+  int largest_node_members = 2;
+  for (const auto& [id, node] : nodes) largest_node_members = std::max(largest_node_members, node.members);
+  const CollectiveFit nvlink = intra_node_fit(CollectiveOp::all_gather, largest_node_members);
+  double transfer_s = (total_bytes - min_own_bytes) / nvlink.bus_bw_bytes_per_s;
+  for (const auto& [id, node] : nodes) {
+    const double nics = static_cast<double>(node.nics.size());
+    transfer_s = std::max(transfer_s, (total_bytes - node.bytes) / (nics * cluster_.nic_bw_bytes_per_s));
+  }
+  const double steps = static_cast<double>(group_size - 1);
+  return model_.layers * (steps * cluster_.inter_node_latency_s + transfer_s);
 }
 
 namespace {

@@ -56,10 +56,18 @@ TEST(ClusterPresets, HardwareConstants) {
   EXPECT_DOUBLE_EQ(a800.nic_bw_bytes_per_s, 24e9);
   const Cluster h100 = cluster_preset("h100");
   EXPECT_EQ(h100.gpus_per_nic(), 1);
-  EXPECT_DOUBLE_EQ(h100.attention_efficiency, 680.0 / 989.0);
+  // Fallback only: FA3's causal forward at 16K (SYSTEMS.md 5); the curves price attention.
+  EXPECT_DOUBLE_EQ(h100.attention_efficiency, 616.0 / 989.0);
+  ASSERT_EQ(h100.attention_forward_curve.size(), 6u);
+  EXPECT_EQ(h100.attention_forward_curve.front().tokens, 512);
+  EXPECT_DOUBLE_EQ(h100.attention_forward_curve.front().efficiency, 290.0 / 989.0);
+  EXPECT_DOUBLE_EQ(h100.attention_forward_curve.back().efficiency, 616.0 / 989.0);
+  EXPECT_DOUBLE_EQ(a100.attention_forward_curve.back().efficiency, 200.0 / 312.0);
+  EXPECT_EQ(a800.attention_backward_curve, a100.attention_backward_curve);
   const Cluster h200 = cluster_preset("h200");
   EXPECT_DOUBLE_EQ(h200.intra_node_bus_bw_bytes_per_s, 367e9);
   EXPECT_EQ(h200.gpu_memory_bytes, static_cast<Bytes>(141 * kGiB));
+  EXPECT_EQ(h200.attention_forward_curve, h100.attention_forward_curve);
 }
 
 TEST(ClusterTopology, NodeAndNicMapping) {

@@ -51,6 +51,14 @@ struct RunArgs {
   std::string trace_path;
   std::vector<std::string> flags_given;  ///< long names of the flags on the command line
 };
+/// `ballast calibrate` (calibrate_command.cpp).
+struct CalibrateArgs {
+  std::vector<std::string> nccl_tests_files;
+  std::string cluster = "h100";  ///< the base cluster the fitted constants replace
+  std::string name;              ///< default "<base>-calibrated"
+  std::string output_path;       ///< the calibrated cluster JSON; empty: not written
+  std::string format = "text";   ///< of the rows table on stdout: text or json
+};
 struct ValidateArgs {
   std::string plan_path;
   std::string format = "text";
@@ -61,6 +69,7 @@ int run_plan(const PlanArgs& args);
 int run_simulate(const SimulateArgs& args);
 int run_compare(const CompareArgs& args);
 int run_validate(const ValidateArgs& args);
+int run_calibrate(const CalibrateArgs& args);
 /// Under mpirun: initialises MPI, runs, finalises; a failing rank aborts the job.
 int run_run(const RunArgs& args);
 

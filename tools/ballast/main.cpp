@@ -1,4 +1,5 @@
-// The `ballast` command line: subcommands list, plan, validate, simulate, compare.
+// The `ballast` command line: subcommands list, plan, validate, simulate, compare, run,
+// calibrate.
 #include <algorithm>
 #include <iostream>
 #include <string>
@@ -24,6 +25,7 @@ constexpr const char* kMainFooter = R"(examples:
   ballast simulate --plan plan.json --trace t.json  # predict its timeline (open t.json in ui.perfetto.dev)
   ballast simulate --strategy zeppelin --plot t.svg # draw it: one row per rank (needs matplotlib)
   ballast list                                      # datasets, clusters, models, strategies, scenarios
+  ballast calibrate --nccl-tests ar.txt --cluster h200 -o my.json  # fit a cluster to nccl-tests output
 exit codes: 0 ok, 1 invalid plan, 2 bad input or usage, 3 internal error)";
 
 /// For a flag the command does not take ("--datset", "--strategy" on compare): one line
@@ -162,6 +164,27 @@ int run(int argc, char** argv) {
                   "  ballast compare --dataset prolong --cluster h200 --nodes 2 --model llama3-8b --format json\n"
                   "  ballast compare --strategies packed-dp,hybrid-dp --baseline packed-dp --steps 8 --format csv");
 
+  CalibrateArgs calibrate_args;
+  auto* calibrate = app.add_subcommand(
+      "calibrate", "fit a cluster's collective latency and bandwidth to nccl-tests results; "
+                   "writes the cluster JSON, prints measured vs fitted times");
+  calibrate->add_option("--nccl-tests", calibrate_args.nccl_tests_files,
+                        "nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+                        "alltoall_perf, sendrecv_perf) or a CSV like "
+                        "data/profiles/h200_8gpu_nccl_tests.csv; several files allowed")
+      ->required();
+  calibrate->add_option("--cluster", calibrate_args.cluster,
+                        "base cluster (preset or JSON file) whose constants are replaced [default: h100]");
+  calibrate->add_option("--name", calibrate_args.name, "name of the calibrated cluster [default: <base>-calibrated]");
+  calibrate->add_option("-o,--output", calibrate_args.output_path, "write the calibrated cluster JSON to FILE");
+  calibrate->add_option("--format", calibrate_args.format, "rows table on stdout: text or json [default: text]");
+  calibrate->footer(
+      "examples:\n"
+      "  ballast calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --cluster h200 -o h200-cal.json\n"
+      "  all_reduce_perf -b 8M -e 8G -f 2 -g 8 > ar.txt; all_gather_perf -b 8M -e 8G -f 2 -g 8 > ag.txt\n"
+      "  ballast calibrate --nccl-tests ar.txt ag.txt --cluster h100 -o mine.json --format json\n"
+      "  ballast compare --cluster mine.json");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -177,6 +200,7 @@ int run(int argc, char** argv) {
   if (list->parsed()) return run_list(list_what, std::cout);
   if (plan->parsed()) return run_plan(plan_args);
   if (validate->parsed()) return run_validate(validate_args);
+  if (calibrate->parsed()) return run_calibrate(calibrate_args);
   if (simulate->parsed()) return run_simulate(simulate_args);
   if (run_command->parsed()) {
     for (const CLI::Option* option : run_command->get_options()) {

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `ballast calibrate`: the bundled nccl-tests CSV and the text samples of tests/cost/data
+# give a cluster JSON that compare loads; bad files exit 2 naming the file and the line.
+# Usage: calibrate_test.sh PATH/TO/ballast SOURCE_DIR
+set -uo pipefail
+ballast="$1"
+source_dir="$2"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$source_dir" || exit 1
+
+run() { local out="$1" err="$2"; shift 2; "$@" >"$out" 2>"$err"; echo $?; }
+
+code=$(run "$work/help" "$work/err" "$ballast" calibrate --help)
+check "help exits 0" test "$code" = 0
+check "help has examples" has "$work/help" "examples"
+
+# The bundled measurements onto h200, then a comparison on the calibrated cluster.
+code=$(run "$work/table.txt" "$work/err" "$ballast" calibrate \
+  --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --cluster h200 -o "$work/c.json")
+check "calibrate exits 0" test "$code" = 0
+check "calibrate writes the cluster" test -s "$work/c.json"
+check "table has the worst error" has "$work/table.txt" "worst relative error"
+check "table has every row" test "$(grep -c 'h200_8gpu_nccl_tests.csv:' "$work/table.txt")" = 99
+check "cluster is named and calibrated" /usr/bin/python3 - "$work/c.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["name"] == "h200-calibrated", c["name"]
+fits = c["intra_node_collectives"]
+assert [f["gpus"] for f in fits["all_reduce"]] == [2, 4, 8], fits
+assert "data/profiles/h200_8gpu_nccl_tests.csv (99 rows, 99 fitted)" in c["provenance"]
+PY
+code=$(run "$work/compare.txt" "$work/err" "$ballast" compare --cluster "$work/c.json" --steps 2)
+check "compare on the calibrated cluster exits 0" test "$code" = 0
+check "compare names the cluster" has "$work/compare.txt" "h200-calibrated"
+
+# Deterministic: the same command writes the same bytes.
+"$ballast" calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --cluster h200 \
+  -o "$work/c2.json" >/dev/null 2>&1
+check "output is deterministic" cmp -s "$work/c.json" "$work/c2.json"
+
+# --format json, and the text samples of every op together (two hosts: NIC constants).
+code=$(run "$work/rows.json" "$work/err" "$ballast" calibrate --format json --name mine \
+  --nccl-tests tests/cost/data/all_reduce_perf_8gpu.txt tests/cost/data/all_gather_perf_4gpu.txt \
+  tests/cost/data/reduce_scatter_perf_2gpu.txt tests/cost/data/alltoall_perf_8gpu.txt \
+  tests/cost/data/sendrecv_perf_2gpu.txt tests/cost/data/sendrecv_perf_2node.txt \
+  -o "$work/mine.json")
+check "json exits 0" test "$code" = 0
+check "json rows" /usr/bin/python3 - "$work/rows.json" "$work/mine.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["rows"]
+assert len(rows) == 11 + 11 + 11 + 6 + 6 + 6, len(rows)
+for key in ("op", "gpus", "bytes", "measured_s", "predicted_s", "relative_error"):
+    assert key in rows[0], key
+assert {r["op"] for r in rows} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+assert 0 < doc["worst_relative_error"] < 0.2, doc["worst_relative_error"]
+c = json.load(open(sys.argv[2]))
+assert c["name"] == "mine"
+assert abs(c["nic_bw_bytes_per_s"] / 47e9 - 1) < 1e-3, c["nic_bw_bytes_per_s"]
+PY
+
+# Bad input: exit 2, one line naming the file and the line.
+expect_error() {  # expect_error NAME TEXT args...
+  local name="$1" text="$2"; shift 2
+  local code; code=$(run "$work/out" "$work/err" "$ballast" "$@")
+  check "$name exits 2" test "$code" = 2
+  check "$name message" has "$work/err" "$text"
+  check "$name one line" test "$(wc -l < "$work/err")" = 1
+}
+sed 's/   90.77 /    fast /' tests/cost/data/all_reduce_perf_8gpu.txt > "$work/all_reduce_perf_bad.txt"
+expect_error "bad time" "all_reduce_perf_bad.txt:20: expected the out-of-place time in us in column 6 ('time'), got 'fast'" \
+  calibrate --nccl-tests "$work/all_reduce_perf_bad.txt" -o "$work/never.json"
+check "failed calibrate writes nothing" test ! -e "$work/never.json"
+expect_error "missing file" "nosuch.txt" calibrate --nccl-tests nosuch.txt
+printf 'op,ngpu,size_bytes,t_us_out\nallreduce,8,1024,10\n' > "$work/bad.csv"
+expect_error "bad csv op" "bad.csv:2: column 'op': unknown collective 'allreduce' (did you mean 'all_reduce'?)" \
+  calibrate --nccl-tests "$work/bad.csv"
+expect_error "unknown format" "--format" calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --format csv
+expect_error "unknown base" "unknown cluster" calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --cluster h300
+code=$(run "$work/out" "$work/err" "$ballast" calibrate)
+check "no --nccl-tests exits 2" test "$code" = 2
+
+finish calibrate
