@@ -186,6 +186,10 @@ Seconds CostModel::gradient_bucket_sync_time_s(int buckets) const {
   const int ranks = cluster_.ranks();
   if (ranks <= 1) return 0.0;
   const double gradient_bytes = model_.parameters * model_.bytes_per_element / buckets;
+  // One node with measured all_reduce constants (nccl-tests fits): NCCL's own all_reduce.
+  if (cluster_.nodes == 1 && cluster_.intra_node_collectives.count(CollectiveOp::all_reduce) > 0) {
+    return collective_time_s(CollectiveOp::all_reduce, ranks, saturating_bytes(gradient_bytes));
+  }
   const double volume_bytes = 2.0 * (ranks - 1) / ranks * gradient_bytes;
   const auto [bw, latency_s] = gradient_sync_link(cluster_);
   return volume_bytes / bw + latency_s;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <queue>
 #include <set>
 
@@ -179,7 +180,12 @@ class FlowSimulation {
     Seconds remaining_s = 0;  ///< time left at full speed
     double rate = 0;          ///< fraction of full speed now
     Seconds updated_s = 0;    ///< when remaining_s was last brought up to date
-    int version = 0;          ///< bumped whenever its predicted finish changes
+    Seconds predicted_s = 0;  ///< its finish at the current rate (infinity at rate 0)
+    /// The time of its finish event in the heap (infinity: none). A slower rate leaves the
+    /// event where it is (it is moved on when it fires early); a faster one schedules a new
+    /// event and retires the old one by bumping `version`.
+    Seconds scheduled_s = std::numeric_limits<Seconds>::infinity();
+    int version = 0;
     bool active = false;
     bool collected = false;  ///< scratch: in the component being rebalanced
     bool fixed = false;      ///< scratch: its rate is settled in this rebalance
@@ -230,8 +236,16 @@ class FlowSimulation {
         schedule(tasks_[id].start_s + tasks_[id].duration_s, EventKind::finish, id);
         return;
       case EventKind::finish:
-        if (tasks_[id].kind == TaskKind::transfer && event.version != flow_[id].version) {
-          return;  // the transfer's rate changed since this prediction
+        if (tasks_[id].kind == TaskKind::transfer) {
+          Flow& flow = flow_[id];
+          if (event.version != flow.version) return;  // retired by a faster rate
+          if (flow.active && flow.predicted_s > event.time_s) {  // slowed down: not done yet
+            flow.scheduled_s = flow.predicted_s;
+            if (flow.predicted_s < std::numeric_limits<Seconds>::infinity()) {
+              schedule(flow.predicted_s, EventKind::finish, id, flow.version);
+            }
+            return;
+          }
         }
         finish(id, event.time_s);
         return;
@@ -367,13 +381,19 @@ class FlowSimulation {
     for (int id : component_flows_) flow_[id].fixed = false;
   }
 
-  /// A transfer's new rate and, when it changed (or is its first), its predicted finish.
+  /// A transfer's new rate and predicted finish; a finish event only when it comes earlier
+  /// than the one already scheduled.
   void set_rate(int id, double rate, Seconds now_s) {
     Flow& flow = flow_[id];
-    if (flow.rate == rate && flow.version != 0) return;
+    if (flow.rate == rate && flow.scheduled_s < std::numeric_limits<Seconds>::infinity()) return;
     flow.rate = rate;
-    ++flow.version;
-    if (rate > 0) schedule(now_s + flow.remaining_s / rate, EventKind::finish, id, flow.version);
+    flow.predicted_s =
+        rate > 0 ? now_s + flow.remaining_s / rate : std::numeric_limits<Seconds>::infinity();
+    if (flow.predicted_s < flow.scheduled_s) {
+      ++flow.version;
+      flow.scheduled_s = flow.predicted_s;
+      schedule(flow.predicted_s, EventKind::finish, id, flow.version);
+    }
   }
 
   void visit_port(int port) {

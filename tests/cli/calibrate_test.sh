@@ -80,4 +80,26 @@ expect_error "unknown base" "unknown cluster" calibrate --nccl-tests data/profil
 code=$(run "$work/out" "$work/err" "$ballast" calibrate)
 check "no --nccl-tests exits 2" test "$code" = 2
 
+# --attention: the curves of the benchmarked passes become the measured points; the table
+# and the JSON list each row against the base's prediction and the fitted one.
+code=$(run "$work/att.json" "$work/err" "$ballast" calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv \
+  --attention tests/cost/data/attention_benchmark_made_up.csv --cluster h200 -o "$work/att-cluster.json" --format json)
+check "calibrate --attention exits 0" test "$code" = 0
+check "calibrate --attention fits the curves" /usr/bin/python3 - "$work/att.json" "$work/att-cluster.json" <<'PY'
+import json, sys
+doc, cluster = (json.load(open(p)) for p in sys.argv[1:3])
+rows = doc["attention_rows"]
+assert len(rows) >= 4 and {r["pass"] for r in rows} == {"forward", "backward"}, rows
+for r in rows:
+    assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["base_predicted_s"] > 0, r
+curves = cluster["attention_efficiency_curve"]
+assert [p["tokens"] for p in curves["backward"]] == sorted({r["seq_len_tokens"] for r in rows if r["pass"] == "backward"}), curves
+assert "attention_benchmark_made_up.csv" in cluster["provenance"], cluster["provenance"]
+PY
+code=$(run "$work/out" "$work/err" "$ballast" compare --cluster "$work/att-cluster.json" --steps 1 --strategies static-cp,zeppelin)
+check "compare runs on the attention-calibrated cluster" test "$code" = 0
+printf 'seq_len_tokens,pass,time_s,heads,head_dim\n1024,sideways,0.001,16,128\n' > "$work/bad_attention.csv"
+expect_error "bad attention pass" "bad_attention.csv:2" \
+  calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --attention "$work/bad_attention.csv"
+
 finish calibrate

@@ -5,11 +5,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 #include <nlohmann/json.hpp>
 
+#include "ballast/attention_calibration.hpp"
 #include "ballast/cluster.hpp"
 #include "ballast/error.hpp"
 #include "ballast/nccl_tests.hpp"
@@ -40,6 +42,43 @@ void write_table(const Calibration& calibration, std::ostream& out) {
              std::count_if(calibration.rows.begin(), calibration.rows.end(),
                            [](const CalibrationRow& r) { return r.fitted; }));
   for (const std::string& note : calibration.notes) fmt::print(out, "note: {}\n", note);
+}
+
+void write_attention_table(const AttentionCalibration& attention, std::ostream& out) {
+  fmt::print(out, "\n{:<9} {:>10} {:>6} {:>9} {:>6} {:>13} {:>13} {:>13} {:>8}\n", "pass",
+             "seq_len", "batch", "heads", "hdim", "measured_us", "before_us", "fitted_us",
+             "error_%");
+  double worst = 0;
+  for (const AttentionCalibrationRow& row : attention.rows) {
+    const AttentionBenchmarkRow& m = row.measured;
+    const double error = row.fitted_predicted_s / m.time_s - 1;
+    worst = std::max(worst, std::abs(error));
+    fmt::print(out, "{:<9} {:>10} {:>6} {:>9} {:>6} {:>13.2f} {:>13.2f} {:>13.2f} {:>+8.1f}\n",
+               m.pass == Pass::forward ? "forward" : "backward", m.seq_len_tokens, m.batch,
+               m.heads, m.head_dim, m.time_s * 1e6, row.base_predicted_s * 1e6,
+               row.fitted_predicted_s * 1e6, 100 * error);
+  }
+  fmt::print(out, "attention: worst relative error {:.1f}% over {} rows (before: the base "
+                  "cluster's curves)\n",
+             100 * worst, attention.rows.size());
+}
+
+nlohmann::json attention_rows_json(const AttentionCalibration& attention) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const AttentionCalibrationRow& row : attention.rows) {
+    const AttentionBenchmarkRow& m = row.measured;
+    rows.push_back({{"pass", m.pass == Pass::forward ? "forward" : "backward"},
+                    {"seq_len_tokens", m.seq_len_tokens},
+                    {"batch", m.batch},
+                    {"heads", m.heads},
+                    {"head_dim", m.head_dim},
+                    {"measured_s", m.time_s},
+                    {"base_predicted_s", row.base_predicted_s},
+                    {"predicted_s", row.fitted_predicted_s},
+                    {"relative_error", row.fitted_predicted_s / m.time_s - 1},
+                    {"efficiency", row.efficiency}});
+  }
+  return rows;
 }
 
 nlohmann::json rows_json(const Calibration& calibration) {
@@ -91,13 +130,28 @@ int run_calibrate(const CalibrateArgs& args) {
     std::vector<NcclTestsRow> file_rows = read_nccl_tests_file(path);
     rows.insert(rows.end(), file_rows.begin(), file_rows.end());
   }
-  const Calibration calibration =
-      calibrate_cluster(base, rows, args.nccl_tests_files, args.name);
+  Calibration calibration = calibrate_cluster(base, rows, args.nccl_tests_files, args.name);
+  std::optional<AttentionCalibration> attention;
+  if (!args.attention_path.empty()) {
+    const std::vector<AttentionBenchmarkRow> attention_rows =
+        read_attention_benchmark_csv(args.attention_path);
+    attention = fit_attention_curves(calibration.cluster, attention_rows, args.attention_path);
+    attention->cluster.provenance +=
+        fmt::format(" Attention efficiency curves fitted to {} ({} rows: {}{}{}).",
+                    std::filesystem::path(args.attention_path).filename().string(),
+                    attention_rows.size(), attention->forward_fitted ? "forward" : "",
+                    attention->forward_fitted && attention->backward_fitted ? ", " : "",
+                    attention->backward_fitted ? "backward" : "");
+    calibration.cluster = attention->cluster;
+  }
 
   if (args.format == "json") {
-    std::cout << rows_json(calibration).dump(1) << "\n";
+    nlohmann::json json = rows_json(calibration);
+    if (attention) json["attention_rows"] = attention_rows_json(*attention);
+    std::cout << json.dump(1) << "\n";
   } else {
     write_table(calibration, std::cout);
+    if (attention) write_attention_table(*attention, std::cout);
   }
   if (!args.output_path.empty()) {
     std::ofstream file(args.output_path, std::ios::binary | std::ios::trunc);

@@ -58,6 +58,7 @@ struct CalibrateArgs {
   std::string name;              ///< default "<base>-calibrated"
   std::string output_path;       ///< the calibrated cluster JSON; empty: not written
   std::string format = "text";   ///< of the rows table on stdout: text or json
+  std::string attention_path;    ///< an attention kernel benchmark CSV; empty: none
 };
 struct ValidateArgs {
   std::string plan_path;

@@ -173,6 +173,9 @@ int run(int argc, char** argv) {
                         "alltoall_perf, sendrecv_perf) or a CSV like "
                         "data/profiles/h200_8gpu_nccl_tests.csv; several files allowed")
       ->required();
+  calibrate->add_option("--attention", calibrate_args.attention_path,
+                        "attention kernel benchmark CSV (columns seq_len_tokens, pass, time_s, "
+                        "heads, head_dim[, batch]): replaces the attention efficiency curves");
   calibrate->add_option("--cluster", calibrate_args.cluster,
                         "base cluster (preset or JSON file) whose constants are replaced [default: h100]");
   calibrate->add_option("--name", calibrate_args.name, "name of the calibrated cluster [default: <base>-calibrated]");
@@ -183,6 +186,7 @@ int run(int argc, char** argv) {
       "  ballast calibrate --nccl-tests data/profiles/h200_8gpu_nccl_tests.csv --cluster h200 -o h200-cal.json\n"
       "  all_reduce_perf -b 8M -e 8G -f 2 -g 8 > ar.txt; all_gather_perf -b 8M -e 8G -f 2 -g 8 > ag.txt\n"
       "  ballast calibrate --nccl-tests ar.txt ag.txt --cluster h100 -o mine.json --format json\n"
+      "  ballast calibrate --nccl-tests ar.txt --attention attn.csv --cluster h100 -o mine.json\n"
       "  ballast compare --cluster mine.json");
 
   try {
