@@ -13,31 +13,15 @@
 #include "ballast/attention_calibration.hpp"
 #include "ballast/cost_model.hpp"
 #include "ballast/error.hpp"
+#include "cost/input_errors.hpp"
 #include "ballast/model.hpp"
 
 namespace ballast {
 namespace {
 
-template <typename Action>
-std::string input_error_message(Action action) {
-  try {
-    action();
-  } catch (const InputError& error) {
-    return error.what();
-  }
-  return "";
-}
+using testing::expect_input_error;
+using testing::input_error_message;
 
-/// Expects an InputError whose one-line message contains every string in `parts`.
-template <typename Action>
-void expect_input_error(Action action, std::initializer_list<std::string> parts) {
-  const std::string message = input_error_message(action);
-  ASSERT_FALSE(message.empty()) << "expected an InputError";
-  for (const std::string& part : parts) {
-    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-  }
-  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-}
 
 std::vector<EfficiencyPoint> three_points() {
   return {{512, 0.3, "a"}, {2048, 0.5, "b"}, {8192, 0.6, "c"}};

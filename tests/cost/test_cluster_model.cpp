@@ -8,25 +8,15 @@
 
 #include "ballast/cluster.hpp"
 #include "ballast/error.hpp"
+#include "cost/input_errors.hpp"
 #include "ballast/model.hpp"
 
 namespace ballast {
 namespace {
 
-/// Runs `action`, expects an InputError whose message contains every string in `parts`.
-template <typename Action>
-void expect_input_error(Action action, std::initializer_list<std::string> parts) {
-  try {
-    action();
-    ADD_FAILURE() << "expected an InputError";
-  } catch (const InputError& error) {
-    const std::string message = error.what();
-    for (const std::string& part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-    }
-    EXPECT_EQ(message.find('\n'), std::string::npos) << "message must be one line: " << message;
-  }
-}
+using testing::expect_input_error;
+using testing::input_error_message;
+
 
 std::string write_temp_json(const std::string& name, const nlohmann::json& json) {
   const std::string path = ::testing::TempDir() + "ballast_test_cost_" + name + ".json";
@@ -108,16 +98,6 @@ TEST(ClusterJson, WrongTypeNamesField) {
   expect_input_error([&] { cluster_from_json(nlohmann::json::array(), "list.json"); }, {"list.json"});
 }
 
-/// The InputError message of `action`, or "" when it throws none.
-template <typename Action>
-std::string input_error_message(Action action) {
-  try {
-    action();
-  } catch (const InputError& error) {
-    return error.what();
-  }
-  return "";
-}
 
 TEST(ClusterJson, UnknownKeyIsAnErrorWithASuggestion) {
   // The case: a misspelt optional key used to leave the default NIC count in place.

@@ -13,37 +13,20 @@
 #include "ballast/collectives.hpp"
 #include "ballast/cost_model.hpp"
 #include "ballast/error.hpp"
+#include "cost/input_errors.hpp"
 #include "ballast/model.hpp"
 #include "ballast/nccl_tests.hpp"
 
 namespace ballast {
 namespace {
 
+using testing::expect_input_error;
+using testing::input_error_message;
+
 const std::string kSourceDir = BALLAST_SOURCE_DIR;
 const std::string kBundledCsv = kSourceDir + "/data/profiles/h200_8gpu_nccl_tests.csv";
 const std::string kSamples = kSourceDir + "/tests/cost/data/";
 
-/// The InputError message of `action`, or "" when it throws none.
-template <typename Action>
-std::string input_error_message(Action action) {
-  try {
-    action();
-  } catch (const InputError& error) {
-    return error.what();
-  }
-  return "";
-}
-
-/// Expects an InputError whose one-line message contains every part.
-template <typename Action>
-void expect_input_error(Action action, std::initializer_list<std::string> parts) {
-  const std::string message = input_error_message(action);
-  ASSERT_FALSE(message.empty()) << "expected an InputError";
-  for (const std::string& part : parts) {
-    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-  }
-  EXPECT_EQ(message.find('\n'), std::string::npos) << "message must be one line: " << message;
-}
 
 // ---- the h200 preset against every bundled measurement ----
 
