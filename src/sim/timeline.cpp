@@ -127,7 +127,7 @@ class FlowSimulation {
                  const std::vector<Edge>& edges, int port_count)
       : tasks_(tasks),
         port_pool_(port_pool),
-        flow_(tasks.size()),
+        flow_slot_(tasks.size(), -1),
         port_flows_(static_cast<std::size_t>(port_count)),
         port_frozen_(static_cast<std::size_t>(port_count), 0),
         port_collective_free_s_(static_cast<std::size_t>(port_count), 0.0),
@@ -145,6 +145,11 @@ class FlowSimulation {
     std::vector<int> fill(offsets_.begin(), offsets_.end() - 1);
     for (const Edge& edge : edges) successors_[fill[edge.dependency]++] = edge;
     ready_s_.assign(n, 0.0);
+    int transfers = 0;
+    for (int id = 0; id < n; ++id) {
+      if (tasks_[id].kind == TaskKind::transfer) flow_slot_[id] = transfers++;
+    }
+    flows_.resize(static_cast<std::size_t>(transfers));
   }
 
   /// Returns the number of tasks that ran (all of them: the graph is acyclic).
@@ -216,7 +221,7 @@ class FlowSimulation {
         start(id, event.time_s);
         return;
       case EventKind::activate: {
-        Flow& flow = flow_[id];
+        Flow& flow = flow_of(id);
         const Task& t = tasks_[id];
         flow.remaining_s = t.duration_s - t.latency_s;
         flow.updated_s = event.time_s;
@@ -237,7 +242,7 @@ class FlowSimulation {
         return;
       case EventKind::finish:
         if (tasks_[id].kind == TaskKind::transfer) {
-          Flow& flow = flow_[id];
+          Flow& flow = flow_of(id);
           if (event.version != flow.version) return;  // retired by a faster rate
           if (flow.active && flow.predicted_s > event.time_s) {  // slowed down: not done yet
             flow.scheduled_s = flow.predicted_s;
@@ -276,8 +281,8 @@ class FlowSimulation {
       for (int port : ports_of(id)) --port_frozen_[port];
       touch(id);
     }
-    if (t.kind == TaskKind::transfer && flow_[id].active) {
-      flow_[id].active = false;
+    if (t.kind == TaskKind::transfer && flow_of(id).active) {
+      flow_of(id).active = false;
       for (int port : ports_of(id)) {
         auto& flows = port_flows_[port];
         flows.erase(std::find(flows.begin(), flows.end(), id));
@@ -309,7 +314,7 @@ class FlowSimulation {
     dirty_ports_.clear();
     for (std::size_t i = 0; i < component_ports_.size(); ++i) {
       for (int id : port_flows_[component_ports_[i]]) {
-        Flow& flow = flow_[id];
+        Flow& flow = flow_of(id);
         if (flow.collected) continue;
         flow.collected = true;
         component_flows_.push_back(id);
@@ -317,7 +322,7 @@ class FlowSimulation {
       }
     }
     for (int id : component_flows_) {
-      Flow& flow = flow_[id];
+      Flow& flow = flow_of(id);
       flow.remaining_s = std::max(0.0, flow.remaining_s - flow.rate * (now_s - flow.updated_s));
       flow.updated_s = now_s;
       flow.collected = false;
@@ -364,7 +369,7 @@ class FlowSimulation {
         continue;  // stale: the port's share grew since this entry, or it is done
       }
       for (int id : port_flows_[component_ports_[slot]]) {
-        Flow& flow = flow_[id];
+        Flow& flow = flow_of(id);
         if (flow.fixed) continue;
         flow.fixed = true;
         for (int port : ports_of(id)) {
@@ -378,13 +383,13 @@ class FlowSimulation {
         set_rate(id, share, now_s);
       }
     }
-    for (int id : component_flows_) flow_[id].fixed = false;
+    for (int id : component_flows_) flow_of(id).fixed = false;
   }
 
   /// A transfer's new rate and predicted finish; a finish event only when it comes earlier
   /// than the one already scheduled.
   void set_rate(int id, double rate, Seconds now_s) {
-    Flow& flow = flow_[id];
+    Flow& flow = flow_of(id);
     if (flow.rate == rate && flow.scheduled_s < std::numeric_limits<Seconds>::infinity()) return;
     flow.rate = rate;
     flow.predicted_s =
@@ -408,7 +413,10 @@ class FlowSimulation {
   std::vector<int> offsets_, pending_;
   std::vector<Edge> successors_;  ///< by dependency: successors_[offsets_[id] .. offsets_[id+1])
   std::vector<Seconds> ready_s_;
-  std::vector<Flow> flow_;                     ///< per task; used by transfers
+  Flow& flow_of(int transfer_id) { return flows_[flow_slot_[transfer_id]]; }
+
+  std::vector<int> flow_slot_;  ///< per task: its index in flows_ (-1: not a transfer)
+  std::vector<Flow> flows_;     ///< one per transfer
   std::vector<std::vector<int>> port_flows_;   ///< active transfers on each port
   std::vector<int> port_frozen_;               ///< collectives holding each port now
   std::vector<Seconds> port_collective_free_s_;
