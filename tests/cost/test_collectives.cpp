@@ -193,33 +193,39 @@ TEST(CollectiveJson, ValidationErrorsNameSourceFieldAndFix) {
   const nlohmann::json good = {{"gpus", 4}, {"latency_s", 3e-5}, {"bus_bw_bytes_per_s", 3.6e11}};
   nlohmann::json entry = good;
   entry["gpus"] = 1;
-  expect_input_error([&] { cluster_from_json(with({entry}), "c.json"); },
+  expect_input_error([&] { cluster_from_json(with(nlohmann::json::array({entry})), "c.json"); },
                      {"c.json", "intra_node_collectives.all_gather[0].gpus", "is 1", "2 to"});
   entry["gpus"] = 100000;
-  expect_input_error([&] { cluster_from_json(with({entry}), "c.json"); }, {"[0].gpus", "is 100000"});
+  expect_input_error([&] { cluster_from_json(with(nlohmann::json::array({entry})), "c.json"); },
+                     {"[0].gpus", "is 100000"});
   // Above gpus_per_node is allowed: h100 reshaped to 4-GPU nodes keeps its 8-GPU entries.
   Cluster reshaped = cluster_preset("h100");
   reshaped.gpus_per_node = 4;
   reshaped.nics_per_node = 4;
   EXPECT_NO_THROW(validate_cluster(reshaped, "reshaped"));
   EXPECT_NO_THROW(cluster_from_json(to_json(reshaped), "reshaped.json"));
-  expect_input_error([&] { cluster_from_json(with({good, good}), "c.json"); },
-                     {"all_gather[1].gpus", "give each GPU count once"});
+  expect_input_error(
+      [&] {
+        cluster_from_json(with(nlohmann::json::array({good, good})), "c.json");
+      },
+      {"all_gather[1].gpus", "give each GPU count once"});
   entry = good;
   entry["latency_s"] = -1e-6;
-  expect_input_error([&] { cluster_from_json(with({entry}), "c.json"); }, {"[0].latency_s", ">= 0"});
+  expect_input_error([&] { cluster_from_json(with(nlohmann::json::array({entry})), "c.json"); },
+                     {"[0].latency_s", ">= 0"});
   entry = good;
   entry["bus_bw_bytes_per_s"] = 0;
-  expect_input_error([&] { cluster_from_json(with({entry}), "c.json"); },
+  expect_input_error([&] { cluster_from_json(with(nlohmann::json::array({entry})), "c.json"); },
                      {"[0].bus_bw_bytes_per_s", "> 0"});
   entry = good;
   entry["latency"] = 1e-6;
-  expect_input_error([&] { cluster_from_json(with({entry}), "c.json"); },
+  expect_input_error([&] { cluster_from_json(with(nlohmann::json::array({entry})), "c.json"); },
                      {"c.json: intra_node_collectives.all_gather[0]", "unknown key \"latency\"",
                       "did you mean 'latency_s'"});
   entry = good;
   entry.erase("gpus");
-  expect_input_error([&] { cluster_from_json(with({entry}), "c.json"); }, {"missing field 'gpus'"});
+  expect_input_error([&] { cluster_from_json(with(nlohmann::json::array({entry})), "c.json"); },
+                     {"missing field 'gpus'"});
   nlohmann::json json = base;
   json["intra_node_collectives"] = {{"allreduce", nlohmann::json::array({good})}};
   expect_input_error([&] { cluster_from_json(json, "c.json"); },
