@@ -2,6 +2,7 @@
 // and ulysses, forward and backward, on this rank's tokens of one group.
 #include <algorithm>
 #include <span>
+#include <unordered_map>
 #include <utility>
 
 #include "ballast/error.hpp"
@@ -55,13 +56,22 @@ int position_of(const AttentionGroup& group, int rank) {
   return static_cast<int>(it - group.ranks.begin());
 }
 
-/// Each member's tokens (document, position) in group order.
+/// Each member's tokens (document, position) in group order. The document of a token is
+/// its sequence's index in group.sequences, not its sequence id: every member lays its
+/// tokens out in that order, so documents increase along each member's span, which is
+/// what lets the kernel skip tile pairs whose document ranges do not meet (with sequence
+/// ids in a planner's order, tiles of unrelated documents overlap in id range and are
+/// computed masked: 3x the attention of the default `ballast run` step).
 template <typename TokensOf>
 std::vector<Member> members_of(const AttentionGroup& group, TokensOf tokens_of) {
+  std::unordered_map<std::int64_t, std::int64_t> index_of;
+  for (std::size_t i = 0; i < group.sequences.size(); ++i) {
+    index_of.emplace(group.sequences[i].sequence_id, static_cast<std::int64_t>(i));
+  }
   std::vector<Member> members(group.ranks.size());
   for (std::size_t member = 0; member < group.ranks.size(); ++member) {
     for (const TokenRef& token : tokens_of(group.ranks[member])) {
-      members[member].documents.push_back(token.sequence);
+      members[member].documents.push_back(index_of.at(token.sequence));
       members[member].positions.push_back(token.position);
     }
   }
