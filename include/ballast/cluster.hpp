@@ -26,6 +26,19 @@ struct EfficiencyPoint {
   bool operator==(const EfficiencyPoint&) const = default;
 };
 
+/// Where and how a cluster's constants were measured on a host (`ballast calibrate --host`,
+/// the cluster `ballast run` plans on): what a calibration must match to be reused.
+struct HostRecord {
+  std::string host;        ///< the host name of rank 0
+  std::string cpu;         ///< /proc/cpuinfo's model name
+  std::string mpi;         ///< the MPI library (first line of MPI_Get_library_version)
+  std::string model;       ///< the runtime model's shape the GEMMs and attention ran at
+  int ranks = 0;           ///< MPI ranks of the job that measured it
+  int blas_threads = 1;    ///< OpenBLAS threads per rank while measuring
+  std::string measured_at;  ///< UTC date and time, ISO 8601
+  bool operator==(const HostRecord&) const = default;
+};
+
 /// A homogeneous GPU cluster. Ranks are numbered node-major: rank = node * gpus_per_node
 /// + local index. Local GPU i uses NIC i / gpus_per_nic() of its node.
 struct Cluster {
@@ -63,6 +76,9 @@ struct Cluster {
   /// increasing); empty = the flat attention_efficiency. See docs/cost-model.md.
   std::vector<EfficiencyPoint> attention_forward_curve;
   std::vector<EfficiencyPoint> attention_backward_curve;
+  /// Set on clusters measured on a host by `ballast calibrate --host` (JSON
+  /// "measured_on"); a reader checks it before planning on the constants.
+  std::optional<HostRecord> measured_on;
 
   int ranks() const { return nodes * gpus_per_node; }
   int node_of(int rank) const { return rank / gpus_per_node; }

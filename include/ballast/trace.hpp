@@ -45,6 +45,17 @@ struct TraceEvent {
 void write_chrome_trace(std::span<const TraceEvent> events, int ranks, int gpus_per_node,
                         std::ostream& out);
 
+/// One labelled timeline of a run ("measured", "predicted").
+struct TraceTimeline {
+  std::string label;
+  std::span<const TraceEvent> events;
+};
+/// Several timelines of the same ranks in one Chrome trace: timeline t's rank r is process
+/// t * ranks + r named "<label> rank r (node n)", so the timelines sit one above the other
+/// (ui.perfetto.dev) and a person sees where they part.
+void write_chrome_trace(std::span<const TraceTimeline> timelines, int ranks, int gpus_per_node,
+                        std::ostream& out);
+
 /// Events as compact JSON text and back (what ranks send to rank 0); throws InputError on
 /// text that is not such a list.
 std::string trace_events_to_json(std::span<const TraceEvent> events);

@@ -261,10 +261,12 @@ PYBIND11_MODULE(_ballast, m) {
   py::class_<Cluster>(m, "Cluster", "A homogeneous GPU cluster (docs/cost-model.md). Cluster.load(preset_or_file, nodes=None); fields are settable; ranks = nodes * gpus_per_node, numbered node-major.")
       .def(py::init<>())
       .def_static("load", &load_cluster, py::arg("preset_or_file"), py::arg("nodes") = std::nullopt)
-      .def_static("emulated", &emulated_cluster, py::arg("model"), py::arg("ranks"), py::arg("gpus_per_node"),
+      .def_static("emulated",
+                  py::overload_cast<const Model&, int, int, Tokens>(&emulated_cluster), py::arg("model"), py::arg("ranks"), py::arg("gpus_per_node"),
                   py::arg("rank_tokens"),
-                  "The cluster CPU processes emulate, one per GPU (`ballast run`'s, calibrated to the runtime's "
-                  "CPU kernels): ranks GPUs in nodes of gpus_per_node, memory for rank_tokens tokens of model's "
+                  "The cluster CPU processes emulate, one per GPU (gloo processes of ballast.torch; its compute "
+                  "and link figures are fixed estimates, while `ballast run` plans on `ballast calibrate --host`'s "
+                  "measurements): ranks GPUs in nodes of gpus_per_node, memory for rank_tokens tokens of model's "
                   "activations next to its ZeRO-3 model states.")
       .def_static("from_json",
                   [](const std::string& text, const std::string& source) {

@@ -243,11 +243,13 @@ def test_import_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())
 
 
-def test_emulated_cluster_is_the_one_ballast_run_plans_for():
+def test_emulated_cluster_shape_and_memory():
+    """The gloo processes' cluster: `ballast run` plans on the same shape and memory with
+    the host's measured constants (`ballast calibrate --host`)."""
     model = ballast.Model.load("llama-7b")
     cluster = ballast.Cluster.emulated(model, ranks=8, gpus_per_node=4, rank_tokens=4096)
     assert (cluster.nodes, cluster.gpus_per_node, cluster.nics_per_node) == (2, 4, 4)
-    assert cluster.peak_flops_per_s == 28e9  # the runtime's calibrated sgemm ceiling
+    assert cluster.peak_flops_per_s == 28e9  # the fixed estimate (src/cost/emulated_cluster.cpp)
     # Memory: the ZeRO-3 share of the model states (16 bytes per parameter) plus 4,096
     # tokens of activations, 90% usable.
     usable = cluster.gpu_memory_bytes * cluster.memory_usable_fraction

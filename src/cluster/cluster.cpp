@@ -12,12 +12,14 @@ namespace ballast {
 namespace {
 
 /// Every member cluster_from_json reads (and to_json writes); any other is an error.
-constexpr std::array<std::string_view, 19> kClusterKeys = {
+constexpr std::array<std::string_view, 20> kClusterKeys = {
     "name", "gpu_name", "nodes", "gpus_per_node", "gpu_memory_bytes", "peak_flops_per_s",
     "matmul_efficiency", "attention_efficiency", "attention_tile_tokens",
     "memory_usable_fraction", "intra_node_bus_bw_bytes_per_s", "intra_node_p2p_bw_bytes_per_s",
     "intra_node_latency_s", "nics_per_node", "nic_bw_bytes_per_s", "inter_node_latency_s",
-    "provenance", "intra_node_collectives", "attention_efficiency_curve"};
+    "provenance", "intra_node_collectives", "attention_efficiency_curve", "measured_on"};
+constexpr std::array<std::string_view, 7> kHostRecordKeys = {
+    "host", "cpu", "mpi", "model", "ranks", "blas_threads", "measured_at"};
 
 /// The members of "attention_efficiency_curve" and of each of its points.
 constexpr std::array<std::string_view, 2> kCurvePassKeys = {"forward", "backward"};
@@ -202,6 +204,13 @@ nlohmann::json to_json(const Cluster& cluster) {
     }
     json["attention_efficiency_curve"] = std::move(curves);
   }
+  if (cluster.measured_on) {
+    const HostRecord& host = *cluster.measured_on;
+    json["measured_on"] = {{"host", host.host},   {"cpu", host.cpu},
+                           {"mpi", host.mpi},     {"model", host.model},
+                           {"ranks", host.ranks}, {"blas_threads", host.blas_threads},
+                           {"measured_at", host.measured_at}};
+  }
   return json;
 }
 
@@ -244,6 +253,25 @@ Cluster cluster_from_json(const nlohmann::json& json, const std::string& source)
     reject_unknown_keys(curves, kCurvePassKeys, source + ": attention_efficiency_curve");
     cluster.attention_forward_curve = curve_from_json(curves, "forward", source);
     cluster.attention_backward_curve = curve_from_json(curves, "backward", source);
+  }
+  if (const auto it = json.find("measured_on"); it != json.end()) {
+    const std::string where = source + ": measured_on";
+    if (!it->is_object()) {
+      reject(source, "measured_on", "must be an object (see `ballast calibrate --host`)");
+    }
+    reject_unknown_keys(*it, kHostRecordKeys, where);
+    HostRecord host;
+    host.host = required_field<std::string>(*it, "host", where);
+    host.cpu = required_field<std::string>(*it, "cpu", where);
+    host.mpi = required_field<std::string>(*it, "mpi", where);
+    host.model = required_field<std::string>(*it, "model", where);
+    host.ranks = required_field<int>(*it, "ranks", where);
+    host.blas_threads = required_field<int>(*it, "blas_threads", where);
+    host.measured_at = required_field<std::string>(*it, "measured_at", where);
+    if (host.ranks < 1 || host.blas_threads < 1) {
+      reject(source, "measured_on", "ranks and blas_threads must be >= 1");
+    }
+    cluster.measured_on = std::move(host);
   }
   validate_cluster(cluster, source);
   return cluster;

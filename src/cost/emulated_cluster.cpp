@@ -47,4 +47,17 @@ Cluster emulated_cluster(const Model& model, int ranks, int gpus_per_node, Token
   return cluster;
 }
 
+Cluster emulated_cluster(const Model& model, int ranks, int gpus_per_node, Tokens rank_tokens,
+                         const Cluster& host) {
+  const Cluster shape = emulated_cluster(model, ranks, gpus_per_node, rank_tokens);
+  Cluster cluster = host;
+  cluster.name = fmt::format("{} as {}", host.name, shape.name);
+  cluster.nodes = shape.nodes;
+  cluster.gpus_per_node = shape.gpus_per_node;
+  cluster.nics_per_node = shape.nics_per_node;
+  cluster.gpu_memory_bytes = shape.gpu_memory_bytes;
+  cluster.memory_usable_fraction = shape.memory_usable_fraction;
+  return cluster;
+}
+
 }  // namespace ballast

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <climits>
 #include <memory>
 #include <optional>
@@ -79,9 +80,9 @@ std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
   }
   // planning_model() initialises the whole parameter vector to count it: once.
   const Model model = runtime::planning_model(options.model);
-  const auto cost = make_cost_model(load_cost_model_spec("analytical"),
-                                    emulated_cluster(model, ranks, options.gpus_per_node, options.rank_tokens),
-                                    model);
+  const auto cost = make_cost_model(
+      load_cost_model_spec("analytical"),
+      emulated_cluster(model, ranks, options.gpus_per_node, options.rank_tokens, options.host), model);
   const SimulatorEvaluator evaluator(*cost, options.settings.gradient_sync);
   const Dataset dataset = load_dataset(options.settings.dataset);
   BatchSampler sampler(dataset, options.settings.sampler);
@@ -113,7 +114,74 @@ void summarise_measurements(std::vector<runtime::RankMeasurement> ranks, StepRep
   step.imbalance = total > 0 ? busiest / (total / static_cast<double>(step.ranks.size())) : 1.0;
 }
 
+/// The cost model a step is predicted with: the host's measured constants in the plan's
+/// node shape and memory, the runtime's own model (what runs, whatever model the plan was
+/// made for).
+std::unique_ptr<CostModel> prediction_cost(const Plan& plan, const RunOptions& options) {
+  Cluster cluster = options.host;
+  cluster.name = plan.cluster.name;
+  cluster.nodes = plan.cluster.nodes;
+  cluster.gpus_per_node = plan.cluster.gpus_per_node;
+  cluster.nics_per_node = plan.cluster.nics_per_node;
+  cluster.gpu_memory_bytes = plan.cluster.gpu_memory_bytes;
+  cluster.memory_usable_fraction = plan.cluster.memory_usable_fraction;
+  Model model = runtime::planning_model(options.model);
+  // A plan made for another model is validated for memory against that model.
+  model.activation_bytes_per_token =
+      std::min(model.activation_bytes_per_token, plan.model.activation_bytes_per_token);
+  model.parameters = std::min(model.parameters, plan.model.parameters);
+  return make_cost_model(load_cost_model_spec("analytical"), cluster, model);
+}
+
+double relative_error(double predicted, double measured) {
+  return measured > 0 ? predicted / measured - 1.0 : 0.0;
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+/// The signed value of largest magnitude.
+double worst_of(const std::vector<double>& values) {
+  double worst = 0;
+  for (const double value : values) {
+    if (std::abs(value) > std::abs(worst)) worst = value;
+  }
+  return worst;
+}
+
 }  // namespace
+
+PredictionSummary summarise_prediction(std::span<const StepReport> steps) {
+  PredictionSummary summary;
+  std::vector<double> busy, busy_magnitude, step, step_magnitude;
+  for (const StepReport& report : steps) {
+    double measured_busiest = 0, predicted_busiest = 0;
+    for (std::size_t r = 0; r < report.ranks.size() && r < report.predicted_busy_s.size(); ++r) {
+      const double error = relative_error(report.predicted_busy_s[r], report.ranks[r].busy_s);
+      busy.push_back(error);
+      busy_magnitude.push_back(std::abs(error));
+      measured_busiest = std::max(measured_busiest, report.ranks[r].busy_s);
+      predicted_busiest = std::max(predicted_busiest, report.predicted_busy_s[r]);
+    }
+    summary.measured_busiest_s += measured_busiest;
+    summary.predicted_busiest_s += predicted_busiest;
+    summary.measured_step_s += report.step_wall_s;
+    summary.predicted_step_s += report.predicted_step_s;
+    const double error = relative_error(report.predicted_step_s, report.step_wall_s);
+    step.push_back(error);
+    step_magnitude.push_back(std::abs(error));
+  }
+  summary.busy_median_relative_error = median_of(busy_magnitude);
+  summary.busy_worst_relative_error = worst_of(busy);
+  summary.busiest_relative_error = relative_error(summary.predicted_busiest_s, summary.measured_busiest_s);
+  summary.step_median_relative_error = median_of(step_magnitude);
+  summary.step_worst_relative_error = worst_of(step);
+  return summary;
+}
 
 std::vector<Plan> acquire_plans(const RunOptions& options, int ranks) {
   options.model.check();
@@ -157,6 +225,8 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
   report.ranks = ranks;
   report.corpus_provenance = corpus.provenance;
   report.gpus_per_node = plans.front().cluster.gpus_per_node;
+  report.host_cluster = fmt::format("{} ({})", options.host.name, options.host_source);
+  report.host_provenance = options.host.provenance;
 
   for (std::size_t s = 0; s < plans.size(); ++s) {
     const Plan& plan = plans[s];
@@ -183,7 +253,23 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
       step.worst_tensor = difference.worst;
     }
     std::vector<runtime::RankMeasurement> measured = runtime::gather_measurements(result.measurement, comm);
-    if (rank == 0) summarise_measurements(std::move(measured), step);
+    if (rank == 0) {
+      summarise_measurements(std::move(measured), step);
+      // The simulator's prediction of the plan that just ran (after it ran: simulating
+      // takes rank 0's time, never the step's).
+      const auto cost = prediction_cost(plan, options);
+      SimulationOptions simulation;
+      simulation.gradient_sync = GradientSync::end;  // one all-reduce after the last backward
+      simulation.record_trace = step_options.record_trace;
+      try {
+        SimulationReport predicted = simulate(plan, *cost, simulation);
+        step.predicted_step_s = predicted.step_time_s;
+        for (const RankTimes& times : predicted.ranks) step.predicted_busy_s.push_back(times.busy_s);
+        if (simulation.record_trace) report.predicted_trace = std::move(predicted.trace);
+      } catch (const InputError& error) {  // e.g. a plan file whose memory the host cannot hold
+        step.prediction_note = fmt::format("no prediction: {}", error.what());
+      }
+    }
     if (step_options.record_trace) report.trace = runtime::gather_trace(result.events, comm);
     // The optimizer step on the mean gradient (identical on every rank).
     if (result.targets > 0) {

@@ -33,31 +33,44 @@ int trace_lane_index(const std::string& lane) {
 
 void write_chrome_trace(std::span<const TraceEvent> events, int ranks, int gpus_per_node,
                         std::ostream& out) {
+  const TraceTimeline timeline{"", events};
+  write_chrome_trace(std::span<const TraceTimeline>(&timeline, 1), ranks, gpus_per_node, out);
+}
+
+void write_chrome_trace(std::span<const TraceTimeline> timelines, int ranks, int gpus_per_node,
+                        std::ostream& out) {
   nlohmann::json json_events = nlohmann::json::array();
   gpus_per_node = std::max(1, gpus_per_node);
-  for (int rank = 0; rank < ranks; ++rank) {
-    json_events.push_back(metadata(rank, 0, "process_name",
-                                   fmt::format("rank {} (node {})", rank, rank / gpus_per_node)));
-    json_events.push_back({{"name", "process_sort_index"},
-                           {"ph", "M"},
-                           {"pid", rank},
-                           {"tid", 0},
-                           {"args", {{"sort_index", rank}}}});
-    for (int lane = 0; lane < kLaneCount; ++lane) {
-      json_events.push_back(metadata(rank, lane, "thread_name", kTraceLanes[lane]));
+  for (std::size_t t = 0; t < timelines.size(); ++t) {
+    const std::string prefix = timelines[t].label.empty() ? "" : timelines[t].label + " ";
+    for (int rank = 0; rank < ranks; ++rank) {
+      const int pid = static_cast<int>(t) * ranks + rank;
+      json_events.push_back(metadata(pid, 0, "process_name",
+                                     fmt::format("{}rank {} (node {})", prefix, rank,
+                                                 rank / gpus_per_node)));
+      json_events.push_back({{"name", "process_sort_index"},
+                             {"ph", "M"},
+                             {"pid", pid},
+                             {"tid", 0},
+                             {"args", {{"sort_index", pid}}}});
+      for (int lane = 0; lane < kLaneCount; ++lane) {
+        json_events.push_back(metadata(pid, lane, "thread_name", kTraceLanes[lane]));
+      }
     }
   }
-  for (const TraceEvent& event : events) {
-    nlohmann::json args = {{"micro_batch", event.micro_batch}};
-    if (!event.category.empty()) args["category"] = event.category;
-    json_events.push_back({{"name", event.name},
-                           {"cat", event.lane},
-                           {"ph", "X"},
-                           {"pid", event.rank},
-                           {"tid", trace_lane_index(event.lane)},
-                           {"ts", event.start_s * kMicrosecondsPerSecond},
-                           {"dur", event.duration_s * kMicrosecondsPerSecond},
-                           {"args", std::move(args)}});
+  for (std::size_t t = 0; t < timelines.size(); ++t) {
+    for (const TraceEvent& event : timelines[t].events) {
+      nlohmann::json args = {{"micro_batch", event.micro_batch}};
+      if (!event.category.empty()) args["category"] = event.category;
+      json_events.push_back({{"name", event.name},
+                             {"cat", event.lane},
+                             {"ph", "X"},
+                             {"pid", static_cast<int>(t) * ranks + event.rank},
+                             {"tid", trace_lane_index(event.lane)},
+                             {"ts", event.start_s * kMicrosecondsPerSecond},
+                             {"dur", event.duration_s * kMicrosecondsPerSecond},
+                             {"args", std::move(args)}});
+    }
   }
   const nlohmann::json trace = {{"traceEvents", std::move(json_events)}, {"displayTimeUnit", "ms"}};
   out << trace.dump() << '\n';

@@ -59,6 +59,9 @@ struct CalibrateArgs {
   std::string output_path;       ///< the calibrated cluster JSON; empty: not written
   std::string format = "text";   ///< of the rows table on stdout: text or json
   std::string attention_path;    ///< an attention kernel benchmark CSV; empty: none
+  bool host = false;             ///< --host: measure this machine under MPI instead
+  runtime::ModelConfig model;    ///< with --host: the runtime model measured
+  std::vector<std::string> flags_given;  ///< long names of the flags on the command line
 };
 struct ValidateArgs {
   std::string plan_path;
@@ -71,6 +74,8 @@ int run_simulate(const SimulateArgs& args);
 int run_compare(const CompareArgs& args);
 int run_validate(const ValidateArgs& args);
 int run_calibrate(const CalibrateArgs& args);
+/// `ballast calibrate --host` under mpirun (calibrate_host_command.cpp).
+int run_calibrate_host(const CalibrateArgs& args);
 /// Under mpirun: initialises MPI, runs, finalises; a failing rank aborts the job.
 int run_run(const RunArgs& args);
 

@@ -118,13 +118,7 @@ int run(int argc, char** argv) {
                         "also run the single-process reference and report the largest relative "
                         "difference of the loss and every gradient tensor");
   run_command->add_option("--trace", run_args.trace_path, "write the first step's measured Chrome trace");
-  run_command->add_option("--hidden", run_args.options.model.hidden, "model width [default: 64]");
-  run_command->add_option("--layers", run_args.options.model.layers, "layers [default: 2]");
-  run_command->add_option("--heads", run_args.options.model.heads, "query heads [default: 4]");
-  run_command->add_option("--kv-heads", run_args.options.model.kv_heads, "KV heads (GQA) [default: 2]");
-  run_command->add_option("--ffn", run_args.options.model.ffn_hidden, "SwiGLU hidden size [default: 172]");
-  run_command->add_flag("--untied", [&](std::int64_t) { run_args.options.model.tied_embeddings = false; },
-                        "separate LM head instead of the tied embedding");
+  add_runtime_model_flags(*run_command, run_args.options.model);
   run_command->add_option("--length-scale", run_args.options.length_scale,
                           "divide sampled document lengths by this [default: 64]");
   run_command->add_option("--rank-tokens", run_args.options.rank_tokens,
@@ -171,8 +165,13 @@ int run(int argc, char** argv) {
   calibrate->add_option("--nccl-tests", calibrate_args.nccl_tests_files,
                         "nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
                         "alltoall_perf, sendrecv_perf) or a CSV like "
-                        "data/profiles/h200_8gpu_nccl_tests.csv; several files allowed")
-      ->required();
+                        "data/profiles/h200_8gpu_nccl_tests.csv; several files allowed");
+  calibrate->add_flag("--host", calibrate_args.host,
+                      "measure this machine instead, under mpirun with the ranks `ballast run` "
+                      "will use: the runtime's GEMMs and attention kernel, MPI point-to-point and "
+                      "collectives; writes the cluster `ballast run` plans on (-o, or the cache "
+                      "ballast run reads)");
+  add_runtime_model_flags(*calibrate, calibrate_args.model, "with --host: ");
   calibrate->add_option("--attention", calibrate_args.attention_path,
                         "attention kernel benchmark CSV (columns seq_len_tokens, pass, time_s, "
                         "heads, head_dim[, batch]): replaces the attention efficiency curves");
@@ -187,6 +186,7 @@ int run(int argc, char** argv) {
       "  all_reduce_perf -b 8M -e 8G -f 2 -g 8 > ar.txt; all_gather_perf -b 8M -e 8G -f 2 -g 8 > ag.txt\n"
       "  ballast calibrate --nccl-tests ar.txt ag.txt --cluster h100 -o mine.json --format json\n"
       "  ballast calibrate --nccl-tests ar.txt --attention attn.csv --cluster h100 -o mine.json\n"
+      "  mpirun -np 2 ballast calibrate --host -o host.json   # then: mpirun -np 2 ballast run --cluster host.json\n"
       "  ballast compare --cluster mine.json");
 
   try {
@@ -204,7 +204,13 @@ int run(int argc, char** argv) {
   if (list->parsed()) return run_list(list_what, std::cout);
   if (plan->parsed()) return run_plan(plan_args);
   if (validate->parsed()) return run_validate(validate_args);
-  if (calibrate->parsed()) return run_calibrate(calibrate_args);
+  if (calibrate->parsed()) {
+    calibrate_args.flags_given.clear();
+    for (const CLI::Option* option : calibrate->get_options()) {
+      if (option->count() > 0) calibrate_args.flags_given.push_back(option->get_name());
+    }
+    return calibrate_args.host ? run_calibrate_host(calibrate_args) : run_calibrate(calibrate_args);
+  }
   if (simulate->parsed()) return run_simulate(simulate_args);
   if (run_command->parsed()) {
     for (const CLI::Option* option : run_command->get_options()) {

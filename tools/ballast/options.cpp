@@ -148,4 +148,14 @@ std::vector<std::string> apply_ablation_flags(const WorkloadFlags& flags,
   return specs;
 }
 
+void add_runtime_model_flags(CLI::App& command, runtime::ModelConfig& model, const std::string& prefix) {
+  command.add_option("--hidden", model.hidden, prefix + "model width [default: 64]");
+  command.add_option("--layers", model.layers, prefix + "layers [default: 2]");
+  command.add_option("--heads", model.heads, prefix + "query heads [default: 4]");
+  command.add_option("--kv-heads", model.kv_heads, prefix + "KV heads (GQA) [default: 2]");
+  command.add_option("--ffn", model.ffn_hidden, prefix + "SwiGLU hidden size [default: 172]");
+  command.add_flag("--untied", [&model](std::int64_t) { model.tied_embeddings = false; },
+                   prefix + "separate LM head instead of the tied embedding");
+}
+
 }  // namespace ballast::cli

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ballast/compare.hpp"
+#include "ballast/runtime/model.hpp"
 
 namespace ballast::cli {
 
@@ -31,6 +32,10 @@ struct OutputFlags {
 
 void add_workload_flags(CLI::App& command, WorkloadFlags& flags);
 void add_output_flags(CLI::App& command, OutputFlags& flags, bool csv_allowed = true);
+/// The runtime model's shape flags of `ballast run` and `ballast calibrate --host`
+/// (--hidden, --layers, --heads, --kv-heads, --ffn, --untied); `prefix` starts each help.
+void add_runtime_model_flags(CLI::App& command, runtime::ModelConfig& model,
+                             const std::string& prefix = "");
 
 /// Applies the flags that were given onto `settings` (after defaults and any scenario).
 void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings);

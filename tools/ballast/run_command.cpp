@@ -5,7 +5,10 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -13,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ballast/cluster.hpp"
+#include "ballast/driver/host_calibration.hpp"
 #include "ballast/error.hpp"
 #include "ballast/runtime/mpi.hpp"
 #include "ballast/driver/run.hpp"
@@ -28,23 +33,45 @@ constexpr double kMiB = 1024.0 * 1024.0;
 void write_text(const driver::RunReport& report, const RunArgs& args, std::ostream& out) {
   fmt::print(out, "ballast run: strategy {}, {} ranks ({} per emulated node), corpus: {}\n",
              report.strategy, report.ranks, report.gpus_per_node, report.corpus_provenance);
+  fmt::print(out, "predicted with {}\n", report.host_cluster);
   for (const driver::StepReport& step : report.steps) {
     fmt::print(out, "step {}: {} micro-batches, loss {:.4f}, imbalance {:.3f} (max/mean busy), step wall {:.3f} s",
                step.step, step.micro_batches, step.loss, step.imbalance, step.step_wall_s);
+    if (!step.predicted_busy_s.empty()) {
+      fmt::print(out, " (predicted {:.3f} s, {:+.1f}%)", step.predicted_step_s,
+                 100 * (step.predicted_step_s / step.step_wall_s - 1));
+    }
     if (step.max_relative_error >= 0) {
       fmt::print(out, ", max relative error vs single process {:.2e} ({})", step.max_relative_error,
                  step.worst_tensor);
     }
-    fmt::print(out, "\n  {:>4} {:>4} {:>9} {:>9} {:>9} {:>8} {:>10} {:>10}\n", "rank", "node", "busy (s)",
-               "wait (s)", "wall (s)", "tokens", "intra MiB", "inter MiB");
+    if (!step.prediction_note.empty()) fmt::print(out, "\n  {}", step.prediction_note);
+    const bool predicted = !step.predicted_busy_s.empty();
+    fmt::print(out, "\n  {:>4} {:>4} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8} {:>10} {:>10}\n", "rank", "node",
+               "busy (s)", "pred (s)", "error", "wait (s)", "wall (s)", "tokens", "intra MiB", "inter MiB");
     for (std::size_t r = 0; r < step.ranks.size(); ++r) {
       const auto& m = step.ranks[r];
-      fmt::print(out, "  {:>4} {:>4} {:>9.4f} {:>9.4f} {:>9.4f} {:>8} {:>10.2f} {:>10.2f}\n", r,
-                 static_cast<int>(r) / std::max(1, report.gpus_per_node), m.busy_s, m.wait_s, m.wall_s,
-                 m.tokens, m.intra_node_bytes / kMiB, m.inter_node_bytes / kMiB);
+      const double busy_predicted = predicted ? step.predicted_busy_s[r] : 0.0;
+      fmt::print(out, "  {:>4} {:>4} {:>9.4f} {:>9} {:>7} {:>9.4f} {:>9.4f} {:>8} {:>10.2f} {:>10.2f}\n", r,
+                 static_cast<int>(r) / std::max(1, report.gpus_per_node), m.busy_s,
+                 predicted ? fmt::format("{:.4f}", busy_predicted) : "-",
+                 predicted && m.busy_s > 0 ? fmt::format("{:+.1f}%", 100 * (busy_predicted / m.busy_s - 1)) : "-",
+                 m.wait_s, m.wall_s, m.tokens, m.intra_node_bytes / kMiB, m.inter_node_bytes / kMiB);
     }
   }
-  if (!args.trace_path.empty()) fmt::print(out, "trace of the first step written to {}\n", args.trace_path);
+  const driver::PredictionSummary summary = driver::summarise_prediction(report.steps);
+  fmt::print(out,
+             "prediction vs measurement over {} step(s): busy per rank and step |error| median {:.1f}%, "
+             "worst {:+.1f}%; busiest rank {:.4f} s predicted vs {:.4f} s measured ({:+.1f}%); step "
+             "{:.4f} s predicted vs {:.4f} s wall ({:+.1f}%)\n",
+             report.steps.size(), 100 * summary.busy_median_relative_error,
+             100 * summary.busy_worst_relative_error, summary.predicted_busiest_s, summary.measured_busiest_s,
+             100 * summary.busiest_relative_error, summary.predicted_step_s, summary.measured_step_s,
+             100 * (summary.measured_step_s > 0 ? summary.predicted_step_s / summary.measured_step_s - 1 : 0.0));
+  if (!args.trace_path.empty()) {
+    fmt::print(out, "measured and predicted timelines of the first step written to {}\n", args.trace_path);
+  }
+  if (!report.blas_note.empty()) fmt::print(out, "{}\n", report.blas_note);
 }
 
 nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
@@ -63,6 +90,18 @@ nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
   if (check) json["max_rel_error"] = worst;
   json["imbalance"] = imbalance;
   json["step_wall_s"] = wall;
+  const driver::PredictionSummary summary = driver::summarise_prediction(report.steps);
+  json["predicted_step_s"] = summary.predicted_step_s / static_cast<double>(std::max<std::size_t>(1, report.steps.size()));
+  json["prediction"] = {{"busy_median_relative_error", summary.busy_median_relative_error},
+                        {"busy_worst_relative_error", summary.busy_worst_relative_error},
+                        {"busiest_busy_s", summary.measured_busiest_s},
+                        {"predicted_busiest_busy_s", summary.predicted_busiest_s},
+                        {"busiest_relative_error", summary.busiest_relative_error},
+                        {"step_median_relative_error", summary.step_median_relative_error},
+                        {"step_worst_relative_error", summary.step_worst_relative_error},
+                        {"cluster", report.host_cluster},
+                        {"cluster_provenance", report.host_provenance}};
+  json["blas_threads"] = report.blas_note;
   json["corpus"] = report.corpus_provenance;
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
   for (const auto& step : report.steps) {
@@ -76,10 +115,21 @@ nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
     }
     s["imbalance"] = step.imbalance;
     s["step_wall_s"] = step.step_wall_s;
+    const bool predicted = !step.predicted_busy_s.empty();
+    s["predicted_step_s"] = predicted ? nlohmann::ordered_json(step.predicted_step_s) : nlohmann::ordered_json();
+    if (!predicted) s["prediction_note"] = step.prediction_note;
     nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-    for (const auto& m : step.ranks) {
-      ranks.push_back({{"busy_s", m.busy_s}, {"wait_s", m.wait_s}, {"wall_s", m.wall_s}, {"tokens", m.tokens},
-                       {"intra_node_bytes", m.intra_node_bytes}, {"inter_node_bytes", m.inter_node_bytes}});
+    for (std::size_t r = 0; r < step.ranks.size(); ++r) {
+      const auto& m = step.ranks[r];
+      nlohmann::ordered_json rank = {{"busy_s", m.busy_s}};
+      rank["predicted_busy_s"] =
+          predicted ? nlohmann::ordered_json(step.predicted_busy_s[r]) : nlohmann::ordered_json();
+      rank["wait_s"] = m.wait_s;
+      rank["wall_s"] = m.wall_s;
+      rank["tokens"] = m.tokens;
+      rank["intra_node_bytes"] = m.intra_node_bytes;
+      rank["inter_node_bytes"] = m.inter_node_bytes;
+      ranks.push_back(std::move(rank));
     }
     s["ranks"] = ranks;
     steps.push_back(s);
@@ -93,10 +143,9 @@ constexpr struct {
   const char* flag;
   const char* instead;
 } kIgnoredFlags[] = {
-    {"--cluster", "the emulated cluster is the job's ranks (mpirun -np) in nodes of --gpus-per-node"},
     {"--nodes", "the emulated cluster is the job's ranks (mpirun -np) in nodes of --gpus-per-node"},
     {"--model", "the model is the runtime's own: set it with --hidden, --layers, --heads, --kv-heads, --ffn"},
-    {"--cost-model", "plans use the analytical cost model calibrated to this runtime (docs/runtime.md)"},
+    {"--cost-model", "plans use the analytical cost model on this host's calibration (--cluster)"},
 };
 
 /// Flags that choose, sample or plan the batches. A plan file fixes all of that (its
@@ -161,10 +210,66 @@ int agree_on_setup(int code, const std::string& message, int rank, int ranks) {
   return worst;
 }
 
+
+/// Pins OpenBLAS to one thread per rank unless the user chose (OPENBLAS_NUM_THREADS): ranks
+/// are the emulated GPUs, and BLAS threads of several ranks on shared cores inflate busy
+/// time and make repeats differ. Returns the sentence the report prints.
+std::string pin_blas_threads() {
+  const char* chosen = std::getenv("OPENBLAS_NUM_THREADS");
+  if (chosen != nullptr && *chosen != '\0') {
+    return fmt::format("BLAS: {} thread(s) per rank (OPENBLAS_NUM_THREADS={})", openblas_get_num_threads(),
+                       chosen);
+  }
+  openblas_set_num_threads(1);
+  return "BLAS: 1 thread per rank (OPENBLAS_NUM_THREADS was unset; set it to use more)";
+}
+
+/// The host calibration the run plans and predicts with, the same on every rank
+/// (collective): --cluster FILE, checked against this job; else the cached calibration of
+/// this host, job and model, measured now (and cached) when missing or stale. Rank 0 reads
+/// and decides; the others receive the cluster. Throws InputError (on rank 0) for a bad
+/// --cluster; `code`/`message` carry it so the ranks agree before anyone fails.
+struct HostResolution {
+  Cluster cluster;
+  std::string source;
+  bool measure = false;
+  std::string cache_path;
+};
+
+HostResolution read_host_calibration(const RunArgs& args, const HostRecord& here) {
+  HostResolution resolution;
+  if (args.workload.cluster) {
+    const std::string& path = *args.workload.cluster;
+    if (!std::filesystem::is_regular_file(path)) {
+      throw InputError(fmt::format("--cluster {}: ballast run needs this host's calibration, a file written by "
+                                   "`mpirun -np {} ballast calibrate --host -o FILE`; drop --cluster to use "
+                                   "(or make) the cached one", path, here.ranks));
+    }
+    resolution.cluster = load_cluster(path);
+    driver::check_host_calibration(resolution.cluster, here, "--cluster " + path);
+    resolution.source = "--cluster " + path;
+    return resolution;
+  }
+  resolution.cache_path = driver::host_calibration_cache_path(here);
+  if (std::filesystem::is_regular_file(resolution.cache_path)) {
+    try {
+      resolution.cluster = load_cluster(resolution.cache_path);
+      driver::check_host_calibration(resolution.cluster, here, resolution.cache_path);
+      resolution.source = "cached at " + resolution.cache_path;
+      return resolution;
+    } catch (const InputError&) {
+      // Stale or damaged: measure again and replace it.
+    }
+  }
+  resolution.measure = true;
+  return resolution;
+}
+
 }  // namespace
 
 int run_run(const RunArgs& args) {
   using runtime::check_mpi;
+  const std::string blas_note = pin_blas_threads();  // before any GEMM
   check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
   // Failing calls return their code to check_mpi, which names the call and the rank
   // before aborting; MPI's default handler would abort without either.
@@ -181,10 +286,66 @@ int run_run(const RunArgs& args) {
   std::optional<driver::PreparedRun> prepared;
   int setup_code = 0;
   std::string setup_error;
+  const HostRecord here = driver::current_host(options.model, MPI_COMM_WORLD);
+  HostResolution host;
   try {
     format = parse_format(args.output.format);
     if (format == Format::csv) throw InputError("ballast run prints text or json; use --format text or json");
     reject_flags_without_effect(args);
+    options.model.check();
+    if (!options.plan_path.empty()) {
+      // Plan files are checked against the job before anything is measured.
+      prepared = driver::prepare_run(options, ranks);
+    }
+    if (rank == 0) host = read_host_calibration(args, here);
+  } catch (const InputError& error) {
+    setup_code = kExitBadInput;
+    setup_error = error.what();
+  } catch (const std::exception& error) {
+    setup_code = kExitInternal;
+    setup_error = fmt::format("internal error (please report): {}", error.what());
+  }
+  int job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
+  if (job_code != 0) {
+    check_mpi(MPI_Finalize(), "MPI_Finalize");
+    return job_code;
+  }
+  // Rank 0 decided; measure here when needed (every rank), then every rank takes rank 0's.
+  int measure = host.measure ? 1 : 0;
+  check_mpi(MPI_Bcast(&measure, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast");
+  std::string calibration_note;
+  if (measure != 0) {
+    driver::HostCalibration calibration;
+    try {  // every rank fits the same reductions: all fail or none
+      calibration = driver::calibrate_host(options.model, MPI_COMM_WORLD);
+    } catch (const InputError& error) {
+      setup_code = kExitBadInput;
+      setup_error = fmt::format("calibrating this host: {}", error.what());
+    }
+    job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
+    if (job_code != 0) {
+      check_mpi(MPI_Finalize(), "MPI_Finalize");
+      return job_code;
+    }
+    host.cluster = calibration.cluster;
+    if (rank == 0) {
+      try {
+        driver::write_cluster_file(host.cluster, host.cache_path);
+        host.source = fmt::format("measured now in {:.1f} s, cached at {}", calibration.seconds, host.cache_path);
+      } catch (const InputError& error) {
+        host.source = fmt::format("measured now in {:.1f} s, not cached: {}", calibration.seconds, error.what());
+      }
+    }
+  }
+  std::string cluster_text = rank == 0 ? to_json(host.cluster).dump() : std::string();
+  long long cluster_size = static_cast<long long>(cluster_text.size());
+  check_mpi(MPI_Bcast(&cluster_size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD), "MPI_Bcast");
+  cluster_text.resize(static_cast<std::size_t>(cluster_size));
+  check_mpi(MPI_Bcast(cluster_text.data(), static_cast<int>(cluster_size), MPI_CHAR, 0, MPI_COMM_WORLD),
+            "MPI_Bcast");
+  try {
+    options.host = cluster_from_json(nlohmann::json::parse(cluster_text), "the host calibration");
+    options.host_source = host.source;
     options.record_trace = !args.trace_path.empty();
     options.settings.steps = args.workload.steps.value_or(1);
     apply_workload_flags(args.workload, options.settings);
@@ -195,7 +356,7 @@ int run_run(const RunArgs& args) {
       // Default budget: half of the job's memory, in the dataset's own (unscaled) tokens.
       options.settings.sampler.tokens_per_step = options.rank_tokens * ranks / 2 * options.length_scale;
     }
-    prepared = driver::prepare_run(options, ranks);
+    if (!prepared) prepared = driver::prepare_run(options, ranks);
   } catch (const InputError& error) {
     setup_code = kExitBadInput;
     setup_error = error.what();
@@ -203,18 +364,20 @@ int run_run(const RunArgs& args) {
     setup_code = kExitInternal;
     setup_error = fmt::format("internal error (please report): {}", error.what());
   }
-  const int job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
+  job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
   if (job_code != 0) {
     check_mpi(MPI_Finalize(), "MPI_Finalize");
     return job_code;
   }
   try {
-    const driver::RunReport report = driver::run_training(options, std::move(*prepared), MPI_COMM_WORLD);
+    driver::RunReport report = driver::run_training(options, std::move(*prepared), MPI_COMM_WORLD);
+    report.blas_note = blas_note;
     if (rank == 0) {
       if (!args.trace_path.empty()) {
         std::ofstream file(args.trace_path, std::ios::binary | std::ios::trunc);
         if (!file) throw InputError(fmt::format("--trace {}: cannot write this file", args.trace_path));
-        write_chrome_trace(report.trace, report.ranks, report.gpus_per_node, file);
+        const TraceTimeline timelines[] = {{"measured", report.trace}, {"predicted", report.predicted_trace}};
+        write_chrome_trace(timelines, report.ranks, report.gpus_per_node, file);
       }
       std::ostringstream text;
       if (format == Format::json) {

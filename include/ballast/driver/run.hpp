@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct RunOptions {
   runtime::AdamWConfig adamw;
   bool check = false;          ///< also run the single-process reference and compare
   bool record_trace = false;   ///< measure the first step's timeline (RunReport::trace)
+  /// This host's measured constants (`ballast calibrate --host`, checked against the job):
+  /// the cluster plans are made on and every step is predicted with. Required.
+  Cluster host;
+  std::string host_source;     ///< where host came from, for the report
 };
 
 struct StepReport {
@@ -47,7 +52,29 @@ struct StepReport {
   std::vector<runtime::RankMeasurement> ranks;  ///< on rank 0; empty elsewhere
   double imbalance = 1;        ///< max / mean busy
   double step_wall_s = 0;      ///< max over ranks
+  /// The simulator's prediction of this step's plan on the host's constants (rank 0):
+  /// the step (GradientSync::end, as the runtime all-reduces after the last backward) and
+  /// each rank's busy time (compute), next to ranks[r].busy_s.
+  double predicted_step_s = 0;
+  std::vector<double> predicted_busy_s;
+  std::string prediction_note;  ///< why there is no prediction (predicted_busy_s empty)
 };
+
+/// How far the predictions of a run were from its measurements: relative errors
+/// predicted / measured - 1 of every rank's busy time in every step, of the busiest rank's
+/// busy time summed over the steps, and of every step's time against its wall time.
+struct PredictionSummary {
+  double busy_median_relative_error = 0;  ///< median of |error| over ranks and steps
+  double busy_worst_relative_error = 0;   ///< the largest |error|, signed
+  double busiest_relative_error = 0;      ///< sum over steps of max busy, predicted vs measured
+  double step_median_relative_error = 0;  ///< median |error| of predicted step vs step wall
+  double step_worst_relative_error = 0;   ///< signed
+  double predicted_busiest_s = 0;         ///< sum over steps
+  double measured_busiest_s = 0;
+  double predicted_step_s = 0;            ///< sum over steps
+  double measured_step_s = 0;
+};
+PredictionSummary summarise_prediction(std::span<const StepReport> steps);
 
 struct RunReport {
   std::string strategy;
@@ -55,7 +82,12 @@ struct RunReport {
   std::string corpus_provenance;
   std::vector<StepReport> steps;
   std::vector<TraceEvent> trace;  ///< rank 0, with record_trace: the first step's events of every rank
+  /// rank 0, with record_trace: the simulator's timeline of the first step's plan
+  std::vector<TraceEvent> predicted_trace;
   int gpus_per_node = 1;
+  std::string host_cluster;        ///< the host calibration's name and where it came from
+  std::string host_provenance;
+  std::string blas_note;           ///< how many BLAS threads each rank ran, and why
 };
 
 /// The plans of the run, the same on every rank: read from options.plan_path (each checked
