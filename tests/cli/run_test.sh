@@ -53,6 +53,59 @@ code=$(run "$work/text.txt" "$work/err" -np 4 "$ballast" run --strategy zeppelin
 check "run (routed ring, remap) with a trace exits 0" test "$code" = 0
 check "run trace shows the inter-node ring and the remap" measured_categories "$work/ring.json" linear "gradient sync" "ring inter-node" remap
 
+# Predicted next to measured (docs/fidelity.md): the JSON has predicted_step_s per step and
+# predicted_busy_s next to busy_s per rank, on a host calibration (measured_on) of this job.
+predicted() {  # predicted FILE RANKS
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))
+assert run["predicted_step_s"] > 0
+assert run["prediction"]["busy_median_relative_error"] >= 0
+assert "host-" in run["prediction"]["cluster"], run["prediction"]["cluster"]
+for step in run["per_step"]:
+    assert step["predicted_step_s"] > 0
+    assert len(step["ranks"]) == int(sys.argv[2])
+    for rank in step["ranks"]:
+        assert rank["predicted_busy_s"] > 0 and rank["busy_s"] > 0
+PY
+}
+check "run JSON has predicted_step_s and predicted_busy_s" predicted "$work/cp.json" 4
+check "run text prints the prediction" has "$work/text.txt" "pred (s)"
+check "run text says how many BLAS threads" has "$work/text.txt" "BLAS: "
+two_timelines() {  # the trace holds the measured and the predicted ranks, each with spans
+  /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+assert sorted(names.values()) == ["measured rank 0 (node 0)", "measured rank 1 (node 0)",
+                                  "predicted rank 0 (node 0)", "predicted rank 1 (node 0)"], names
+spans = {names[e["pid"]].split()[0] for e in events if e["ph"] == "X"}
+assert spans == {"measured", "predicted"}, spans
+PY
+}
+check "run trace has the measured and the predicted timelines" two_timelines "$work/trace.json"
+
+# ballast calibrate --host writes a cluster of this job; another rank count, a preset or a
+# single rank are refused with the reason and the fix.
+code=$(run "$work/calibrate.txt" "$work/err" -np 2 "$ballast" calibrate --host -o "$work/host2.json")
+check "calibrate --host exits 0" test "$code" = 0
+check "calibrate --host prints measured vs fitted" has "$work/calibrate.txt" "attention fwd"
+check "calibrate --host records where it measured" has "$work/host2.json" '"measured_on"'
+code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --cluster "$work/host2.json" --format json)
+check "run --cluster (this job's calibration) exits 0" test "$code" = 0
+code=$(run "$work/out" "$work/err" -np 4 "$ballast" run --cluster "$work/host2.json")
+check "run --cluster of another rank count exits 2" test "$code" = 2
+check "... and names the file and the ranks" has "$work/err" "host2.json: the calibration was measured with ranks 2 but this job has 4"
+code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --cluster h100)
+check "run --cluster with a preset exits 2" test "$code" = 2
+check "... and says what it needs" has "$work/err" "ballast calibrate --host"
+code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --cluster "$work/host2.json" --hidden 32 --heads 2 --kv-heads 1)
+check "run --cluster for another model exits 2" test "$code" = 2
+check "... and names the model" has "$work/err" "measured with the model 'hidden 64"
+code=$(run "$work/out" "$work/err" -np 1 "$ballast" calibrate --host)
+check "calibrate --host on one rank exits 2" test "$code" = 2
+check "... and says why" has "$work/err" "this job has one rank"
+
 "$ballast" plan --strategy static-cp --nodes 1 --tokens-per-step 100000 -o "$work/plan.json" 2>"$work/err"
 code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --plan "$work/plan.json")
 check "a plan for another job exits non-zero" test "$code" != 0
