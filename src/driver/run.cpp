@@ -183,6 +183,60 @@ PredictionSummary summarise_prediction(std::span<const StepReport> steps) {
   return summary;
 }
 
+namespace {
+
+/// 1-based ranks, ties sharing their mean rank.
+std::vector<double> ranks_of(const std::vector<double>& values) {
+  std::vector<std::size_t> order(values.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return values[a] < values[b]; });
+  std::vector<double> result(values.size());
+  for (std::size_t i = 0; i < order.size();) {
+    std::size_t j = i;
+    while (j + 1 < order.size() && values[order[j + 1]] == values[order[i]]) ++j;
+    for (std::size_t k = i; k <= j; ++k) result[order[k]] = static_cast<double>(i + j) / 2.0 + 1.0;
+    i = j + 1;
+  }
+  return result;
+}
+
+}  // namespace
+
+StrategyRanking rank_strategies(std::span<const RunReport> runs, double margin) {
+  StrategyRanking ranking;
+  ranking.margin = margin;
+  for (const RunReport& run : runs) {
+    const PredictionSummary summary = summarise_prediction(run.steps);
+    ranking.strategies.push_back(run.strategy);
+    ranking.measured_busiest_s.push_back(summary.measured_busiest_s);
+    ranking.predicted_busiest_s.push_back(summary.predicted_busiest_s);
+  }
+  const std::size_t n = runs.size();
+  if (n >= 2) {
+    const std::vector<double> x = ranks_of(ranking.measured_busiest_s), y = ranks_of(ranking.predicted_busiest_s);
+    const double mean = (static_cast<double>(n) + 1.0) / 2.0;
+    double covariance = 0, x_variance = 0, y_variance = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      covariance += (x[i] - mean) * (y[i] - mean);
+      x_variance += (x[i] - mean) * (x[i] - mean);
+      y_variance += (y[i] - mean) * (y[i] - mean);
+    }
+    ranking.rank_correlation =
+        x_variance > 0 && y_variance > 0 ? covariance / std::sqrt(x_variance * y_variance) : 1.0;
+  }
+  for (std::size_t a = 0; a < n; ++a) {
+    for (std::size_t b = a + 1; b < n; ++b) {
+      const double ma = ranking.measured_busiest_s[a], mb = ranking.measured_busiest_s[b];
+      if (std::max(ma, mb) <= std::min(ma, mb) * (1 + margin)) continue;  // a tie
+      const double pa = ranking.predicted_busiest_s[a], pb = ranking.predicted_busiest_s[b];
+      if ((ma < mb) != (pa < pb)) {
+        ranking.disagreements.push_back(fmt::format("{}/{}", ranking.strategies[a], ranking.strategies[b]));
+      }
+    }
+  }
+  return ranking;
+}
+
 std::vector<Plan> acquire_plans(const RunOptions& options, int ranks) {
   options.model.check();
   return options.plan_path.empty() ? sample_and_plan(options, ranks) : read_plans(options, ranks);

@@ -84,6 +84,16 @@ assert spans == {"measured", "predicted"}, spans
 PY
 }
 check "run trace has the measured and the predicted timelines" two_timelines "$work/trace.json"
+code=$(run "$work/set.json" "$work/err" -np 2 "$ballast" run --strategy packed-dp,zeppelin --format json)
+check "run with two strategies exits 0" test "$code" = 0
+check "... ranks them measured vs predicted" /usr/bin/python3 -c "
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s['schema'] == 'ballast.run-set/1' and [r['strategy'] for r in s['runs']] == ['packed-dp', 'zeppelin']
+assert s['runs'][0]['loss'] == s['runs'][1]['loss'] or abs(s['runs'][0]['loss'] - s['runs'][1]['loss']) < 1e-5
+r = s['ranking']
+assert r['strategies'] == ['packed-dp', 'zeppelin'] and len(r['predicted_busiest_busy_s']) == 2
+assert -1 <= r['rank_correlation'] <= 1 and isinstance(r['order_agrees'], bool)" "$work/set.json"
 
 # ballast calibrate --host writes a cluster of this job; another rank count, a preset or a
 # single rank are refused with the reason and the fix.

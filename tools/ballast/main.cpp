@@ -112,12 +112,15 @@ int run(int argc, char** argv) {
   add_workload_flags(*run_command, run_args.workload);
   add_output_flags(*run_command, run_args.output, false);
   run_command->add_option("--strategy", run_args.options.strategy,
-                          "strategy spec to plan each step with [default: zeppelin]");
+                          "strategy spec to plan each step with, or several (comma-separated): each "
+                          "runs the same batches, and the report ranks them measured vs predicted "
+                          "(--trace: the first one's) [default: zeppelin]");
   run_command->add_option("--plan", run_args.options.plan_path, "run plans written by `ballast plan` instead");
   run_command->add_flag("--check", run_args.options.check,
                         "also run the single-process reference and report the largest relative "
                         "difference of the loss and every gradient tensor");
-  run_command->add_option("--trace", run_args.trace_path, "write the first step's measured Chrome trace");
+  run_command->add_option("--trace", run_args.trace_path,
+                          "write the first step's measured and predicted timelines (Chrome trace)");
   add_runtime_model_flags(*run_command, run_args.options.model);
   run_command->add_option("--length-scale", run_args.options.length_scale,
                           "divide sampled document lengths by this [default: 64]");
@@ -130,6 +133,7 @@ int run(int argc, char** argv) {
   run_command->add_option("--learning-rate", run_args.options.adamw.learning_rate, "AdamW [default: 1e-3]");
   run_command->footer("examples:\n"
                       "  mpirun -np 4 ballast run --strategy zeppelin --check\n"
+                      "  mpirun -np 2 ballast run --strategy packed-dp,static-cp,zeppelin --steps 3  # predicted vs measured order\n"
                       "  mpirun -np 8 ballast run --strategy packed-dp --dataset wlbllm --steps 3 --format json\n"
                       "  ballast plan --strategy hybrid-dp ... -o p.json && mpirun -np 8 ballast run --plan p.json\n"
                       "(as root add --allow-run-as-root; with more ranks than cores add --oversubscribe)");

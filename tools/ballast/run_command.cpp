@@ -138,6 +138,34 @@ nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
   return json;
 }
 
+void write_ranking(const driver::StrategyRanking& ranking, std::ostream& out) {
+  fmt::print(out, "\nstrategies on the same batches, busiest rank's busy time summed over the steps:\n");
+  fmt::print(out, "  {:<32} {:>12} {:>12} {:>8}\n", "strategy", "measured (s)", "predicted (s)", "error");
+  for (std::size_t i = 0; i < ranking.strategies.size(); ++i) {
+    const double measured = ranking.measured_busiest_s[i], predicted = ranking.predicted_busiest_s[i];
+    fmt::print(out, "  {:<32} {:>12.4f} {:>12.4f} {:>+7.1f}%\n", ranking.strategies[i], measured, predicted,
+               measured > 0 ? 100 * (predicted / measured - 1) : 0.0);
+  }
+  fmt::print(out, "rank correlation {:+.2f}; the predicted order {} the measured one{}\n", ranking.rank_correlation,
+             ranking.disagreements.empty() ? "matches" : "differs from",
+             ranking.disagreements.empty()
+                 ? fmt::format(" (measured times within {:.0f}% count as ties)", 100 * ranking.margin)
+                 : fmt::format(" on {} (measured more than {:.0f}% apart)", fmt::join(ranking.disagreements, ", "),
+                               100 * ranking.margin));
+}
+
+nlohmann::ordered_json ranking_json(const driver::StrategyRanking& ranking) {
+  nlohmann::ordered_json json;
+  json["strategies"] = ranking.strategies;
+  json["busiest_busy_s"] = ranking.measured_busiest_s;
+  json["predicted_busiest_busy_s"] = ranking.predicted_busiest_s;
+  json["rank_correlation"] = ranking.rank_correlation;
+  json["order_agrees"] = ranking.disagreements.empty();
+  json["disagreements"] = ranking.disagreements;
+  json["tie_margin"] = ranking.margin;
+  return json;
+}
+
 /// Workload flags `ballast run` has no use for: it plans for the job it runs in.
 constexpr struct {
   const char* flag;
@@ -288,6 +316,7 @@ int run_run(const RunArgs& args) {
   std::string setup_error;
   const HostRecord here = driver::current_host(options.model, MPI_COMM_WORLD);
   HostResolution host;
+  std::vector<std::pair<driver::RunOptions, driver::PreparedRun>> runs;
   try {
     format = parse_format(args.output.format);
     if (format == Format::csv) throw InputError("ballast run prints text or json; use --format text or json");
@@ -349,14 +378,23 @@ int run_run(const RunArgs& args) {
     options.record_trace = !args.trace_path.empty();
     options.settings.steps = args.workload.steps.value_or(1);
     apply_workload_flags(args.workload, options.settings);
-    if (options.plan_path.empty()) {
-      options.strategy = apply_ablation_flags(args.workload, {options.strategy}).front();
-    }
     if (!args.workload.tokens_per_step && !args.workload.batch_size) {
       // Default budget: half of the job's memory, in the dataset's own (unscaled) tokens.
       options.settings.sampler.tokens_per_step = options.rank_tokens * ranks / 2 * options.length_scale;
     }
-    if (!prepared) prepared = driver::prepare_run(options, ranks);
+    if (prepared) {
+      runs.push_back({options, std::move(*prepared)});
+    } else {
+      // Several strategies run the same sampled batches, one after the other, each from
+      // the same initial weights.
+      for (const std::string& strategy :
+           apply_ablation_flags(args.workload, split_list(options.strategy))) {
+        driver::RunOptions strategy_options = options;
+        strategy_options.strategy = strategy;
+        driver::PreparedRun strategy_run = driver::prepare_run(strategy_options, ranks);
+        runs.push_back({std::move(strategy_options), std::move(strategy_run)});
+      }
+    }
   } catch (const InputError& error) {
     setup_code = kExitBadInput;
     setup_error = error.what();
@@ -370,20 +408,35 @@ int run_run(const RunArgs& args) {
     return job_code;
   }
   try {
-    driver::RunReport report = driver::run_training(options, std::move(*prepared), MPI_COMM_WORLD);
-    report.blas_note = blas_note;
+    std::vector<driver::RunReport> reports;
+    for (auto& [run_options, prepared_run] : runs) {
+      run_options.record_trace = !args.trace_path.empty() && reports.empty();  // the first strategy's
+      reports.push_back(driver::run_training(run_options, std::move(prepared_run), MPI_COMM_WORLD));
+      reports.back().blas_note = blas_note;
+    }
     if (rank == 0) {
+      const driver::RunReport& first = reports.front();
       if (!args.trace_path.empty()) {
         std::ofstream file(args.trace_path, std::ios::binary | std::ios::trunc);
         if (!file) throw InputError(fmt::format("--trace {}: cannot write this file", args.trace_path));
-        const TraceTimeline timelines[] = {{"measured", report.trace}, {"predicted", report.predicted_trace}};
-        write_chrome_trace(timelines, report.ranks, report.gpus_per_node, file);
+        const TraceTimeline timelines[] = {{"measured", first.trace}, {"predicted", first.predicted_trace}};
+        write_chrome_trace(timelines, first.ranks, first.gpus_per_node, file);
       }
       std::ostringstream text;
       if (format == Format::json) {
-        text << to_json(report, args.options.check).dump(1) << "\n";
+        if (reports.size() == 1) {
+          text << to_json(first, args.options.check).dump(1) << "\n";
+        } else {
+          nlohmann::ordered_json set;
+          set["schema"] = "ballast.run-set/1";
+          set["runs"] = nlohmann::ordered_json::array();
+          for (const driver::RunReport& report : reports) set["runs"].push_back(to_json(report, args.options.check));
+          set["ranking"] = ranking_json(driver::rank_strategies(reports));
+          text << set.dump(1) << "\n";
+        }
       } else {
-        write_text(report, args, text);
+        for (const driver::RunReport& report : reports) write_text(report, args, text);
+        if (reports.size() > 1) write_ranking(driver::rank_strategies(reports), text);
       }
       if (args.output.output_path.empty()) {
         std::cout << text.str();

@@ -76,6 +76,7 @@ struct PredictionSummary {
 };
 PredictionSummary summarise_prediction(std::span<const StepReport> steps);
 
+
 struct RunReport {
   std::string strategy;
   int ranks = 0;
@@ -89,6 +90,19 @@ struct RunReport {
   std::string host_provenance;
   std::string blas_note;           ///< how many BLAS threads each rank ran, and why
 };
+
+/// Whether the simulator orders several strategies' runs of the same batches as they
+/// measured: the busiest rank's busy time summed over the steps, measured and predicted,
+/// their Spearman rank correlation, and the pairs the prediction orders the wrong way
+/// among those whose measured times differ by more than `margin` (closer ones are ties).
+struct StrategyRanking {
+  std::vector<std::string> strategies;
+  std::vector<double> measured_busiest_s, predicted_busiest_s;
+  double rank_correlation = 1;
+  std::vector<std::string> disagreements;  ///< "a/b": measured a < b, predicted a > b
+  double margin = 0.05;
+};
+StrategyRanking rank_strategies(std::span<const RunReport> runs, double margin = 0.05);
 
 /// The plans of the run, the same on every rank: read from options.plan_path (each checked
 /// against the job: rank count, heads, MPI message sizes; and validated), or
