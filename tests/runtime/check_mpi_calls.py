@@ -25,6 +25,8 @@ ALLOWED = {
         "the failure path: does not return; if it fails, _Exit follows",
     ("tools/ballast/run_command.cpp", "MPI_Abort"):
         "the failure path (abort_job): does not return; if it fails, _Exit follows",
+    ("tools/ballast/calibrate_host_command.cpp", "MPI_Abort"):
+        "the failure path: does not return; if it fails, _Exit follows",
 }
 # Functions without an error code to check, allowed anywhere.
 NO_ERROR_CODE = {

@@ -122,8 +122,8 @@ int run_calibrate_host(const CalibrateArgs& args) {
     }
   } catch (const InputError& error) {
     std::cerr << fmt::format("ballast calibrate: error on rank {}: {}\n", rank, error.what());
-    MPI_Abort(MPI_COMM_WORLD, kExitBadInput);
-    return kExitBadInput;
+    MPI_Abort(MPI_COMM_WORLD, kExitBadInput);  // the other ranks may wait in a collective
+    std::_Exit(kExitBadInput);
   }
   check_mpi(MPI_Finalize(), "MPI_Finalize");
   return 0;
