@@ -14,7 +14,7 @@
 #include "ballast/error.hpp"
 #include "ballast/plan_layout.hpp"
 #include "ballast/runtime/mpi.hpp"
-#include "plan_group_state.hpp"
+#include "plan_schemes_internal.hpp"
 
 namespace ballast::runtime {
 
@@ -215,7 +215,8 @@ void PlanAttentionEngine::remap(const std::vector<std::vector<TokenRef>>& from,
 void PlanAttentionEngine::post_receive(float* data, std::size_t floats, int peer, int tag,
                                        std::vector<MPI_Request>& requests) {
   requests.emplace_back();
-  check_mpi(MPI_Irecv(data, static_cast<int>(floats), MPI_FLOAT, peer, tag, comm_, &requests.back()),
+  check_mpi(MPI_Irecv(data, static_cast<int>(floats), MPI_FLOAT, peer, tag, comm_,
+                      &requests.back()),
             "MPI_Irecv");
 }
 
@@ -223,7 +224,8 @@ void PlanAttentionEngine::post_send(const float* data, std::size_t floats, int p
                                     std::vector<MPI_Request>& requests) {
   requests.emplace_back();
   count_sent(peer, static_cast<std::int64_t>(floats) * 4);
-  check_mpi(MPI_Isend(data, static_cast<int>(floats), MPI_FLOAT, peer, tag, comm_, &requests.back()),
+  check_mpi(MPI_Isend(data, static_cast<int>(floats), MPI_FLOAT, peer, tag, comm_,
+                      &requests.back()),
             "MPI_Isend");
 }
 

@@ -1,52 +1,20 @@
-// The attention schemes of PlanAttentionEngine (plan_engine.hpp): local, ring, all_gather
-// and ulysses, forward and backward, on this rank's tokens of one group.
+// The attention schemes of PlanAttentionEngine (plan_engine.hpp) on this rank's tokens of
+// one group: the group's state (built at its first call), the dispatch by scheme, and
+// local, all_gather and ulysses, forward and backward (the ring: plan_ring.cpp).
 #include <algorithm>
 #include <memory>
-#include <span>
 #include <unordered_map>
 #include <utility>
 
 #include "ballast/error.hpp"
-#include "ballast/plan_layout.hpp"
-#include "ballast/runtime/mpi.hpp"
 #include "ballast/runtime/plan_engine.hpp"
-#include "plan_group_state.hpp"
+#include "plan_schemes_internal.hpp"
 
 namespace ballast::runtime {
 
-using schemes_detail::Member;
-using schemes_detail::Relay;
+using namespace schemes_detail;
 
 namespace {
-
-// MPI tags. Each group of a micro-batch owns kTagsPerGroup consecutive tags, starting at
-// kTagsPerGroup * group; a phase is an offset among them. A ring shift sends direct parts
-// on its phase's tag and the three stages of a routed part on the next three tags, so
-// ring phases lie kTagsPerRingPhase apart; the other exchanges use one tag each.
-constexpr int kRoutedDispatch = 1;  ///< routed part: source -> its proxy (NVLink)
-constexpr int kRoutedCrossing = 2;  ///< routed part: proxy -> destination's proxy (NIC)
-constexpr int kRoutedCombine = 3;   ///< routed part: destination's proxy -> destination (NVLink)
-constexpr int kTagsPerRingPhase = 4;
-/// Phases: ring shifts, all-gathers and all-to-alls of the forward and the backward pass;
-/// the ring's dK/dV shifts (one step behind the KV blocks, the last one returning them to
-/// their owners); the exchanges that send results home (Ulysses outputs; all-gather dK/dV
-/// and Ulysses gradients).
-constexpr int kForward = 0;
-constexpr int kBackward = kForward + kTagsPerRingPhase;
-constexpr int kBackwardGradients = kBackward + kTagsPerRingPhase;
-constexpr int kForwardBack = kBackwardGradients + kTagsPerRingPhase;
-constexpr int kBackwardBack = kForwardBack + 1;
-constexpr int kTagsPerGroup = 16;
-static_assert(kForwardBack == 12 && kBackwardBack == 13 && kBackwardBack < kTagsPerGroup,
-              "the tag scheme of docs/runtime.md");
-constexpr int kLargestTag = 32767;  // the smallest MPI_TAG_UB the MPI standard guarantees
-
-int tag_of(int group, int phase) {
-  const int tag = kTagsPerGroup * group + phase;
-  BALLAST_CHECK(tag <= kLargestTag,
-                "too many groups in one micro-batch for MPI tags (at most 2048)");
-  return tag;
-}
 
 /// This rank's position in the group's rank list (ring order for a ring).
 int position_of(const AttentionGroup& group, int rank) {
@@ -55,29 +23,6 @@ int position_of(const AttentionGroup& group, int rank) {
   return static_cast<int>(it - group.ranks.begin());
 }
 
-std::size_t rows(int count, int width) {
-  return static_cast<std::size_t>(count) * static_cast<std::size_t>(width);
-}
-
-/// `position` wrapped into [0, size): -1 is the last.
-int wrapped(int position, int size) { return (position % size + size) % size; }
-
-/// The member at `position` of a list (positions wrap around: -1 is the last).
-template <typename T>
-const T& at_position(const std::vector<T>& list, int position) {
-  return list[static_cast<std::size_t>(wrapped(position, static_cast<int>(list.size())))];
-}
-
-int largest_member(const std::vector<Member>& members) {
-  int largest = 0;
-  for (const Member& member : members) largest = std::max(largest, member.size());
-  return largest;
-}
-
-/// Adds `count` floats of `from` to `to`.
-void add_to(float* to, const float* from, std::size_t count) {
-  for (std::size_t element = 0; element < count; ++element) to[element] += from[element];
-}
 
 /// Ulysses' pack: `tokens` rows of `width` floats starting at column `column` of rows
 /// `stride` floats apart (a member's heads of a [tokens, heads, head_dim] array), into
@@ -101,6 +46,7 @@ void copy_columns_in(const float* from, int tokens, int width, float* to, int st
     }
   }
 }
+
 
 }  // namespace
 
@@ -147,128 +93,6 @@ PlanAttentionEngine::GroupState& PlanAttentionEngine::group_state(std::size_t in
   }
   slot = std::move(state);
   return *slot;
-}
-
-void PlanAttentionEngine::post_ring_shift(GroupState& state, std::span<const std::size_t> sizes,
-                                          const float* send, float* recv, int phase) {
-  const AttentionGroup& group = *state.group;
-  const Cluster& cluster = plan_.cluster;
-  const int group_size = static_cast<int>(group.ranks.size());
-  const int position = state.position;
-  // Hop h carries sizes[h] floats from the member at position h to the one at h + 1, in
-  // routing_parts() parts (plan_layout.hpp, as the simulator routes it).
-  const auto source_of = [&](int hop) { return at_position(group.ranks, hop); };
-  const auto destination_of = [&](int hop) { return at_position(group.ranks, hop + 1); };
-  const auto parts_of = [&](int hop) {
-    return routing_parts(cluster, group.routing_proxies, source_of(hop), destination_of(hop));
-  };
-  const auto part_range = [&](int hop, int parts, int part) {
-    const auto size = sizes[static_cast<std::size_t>(wrapped(hop, group_size))];
-    return routed_part_range(static_cast<std::int64_t>(size), parts, part);
-  };
-  const auto is_member = [&](int rank) {
-    return std::find(group.ranks.begin(), group.ranks.end(), rank) != group.ranks.end();
-  };
-  const int tag = tag_of(state.group_index, phase);
-  const auto post_recv = [&](float* data, std::int64_t count, int source, int message_tag) {
-    post_receive(data, static_cast<std::size_t>(count), source, message_tag, state.requests);
-  };
-  const auto post = [&](const float* data, std::int64_t count, int destination, int message_tag) {
-    post_send(data, static_cast<std::size_t>(count), destination, message_tag, state.requests);
-  };
-  // This rank's incoming block: part 0 straight from the predecessor, part t >= 1 combined
-  // from this rank's t-th proxy. Empty routed parts are skipped on both ends (a direct
-  // hop always posts its message, empty or not).
-  const int incoming_hop = position - 1;
-  const int incoming_parts = parts_of(incoming_hop);
-  for (int part = 0; part < incoming_parts; ++part) {
-    const PartRange range = part_range(incoming_hop, incoming_parts, part);
-    if (range.size() == 0 && incoming_parts > 1) continue;
-    if (part == 0) {
-      post_recv(recv + range.begin, range.size(), source_of(incoming_hop), tag);
-    } else {
-      post_recv(recv + range.begin, range.size(), routing_proxy(cluster, rank_, part),
-                tag + kRoutedCombine);
-    }
-  }
-  // The relays this rank does for routed hops of the ring: as the source-side proxy of
-  // a part it forwards the dispatch over its NIC; as the destination-side proxy it
-  // forwards the crossing to the destination. validate() admits routing only through
-  // group members, so every proxy runs this shift too.
-  for (int hop = 0; hop < group_size; ++hop) {
-    const int parts = parts_of(hop);
-    const int source = source_of(hop);
-    const int destination = destination_of(hop);
-    for (int part = 1; part < parts; ++part) {
-      const int source_proxy = routing_proxy(cluster, source, part);
-      const int destination_proxy = routing_proxy(cluster, destination, part);
-      BALLAST_CHECK(is_member(source_proxy) && is_member(destination_proxy),
-                    "a validated plan routes only through members of the group");
-      const PartRange range = part_range(hop, parts, part);
-      if (range.size() == 0) continue;
-      int from = -1, to = -1, receive_tag = 0, send_tag = 0;
-      if (source_proxy == rank_) {
-        from = source;
-        to = destination_proxy;
-        receive_tag = tag + kRoutedDispatch;
-        send_tag = tag + kRoutedCrossing;
-      } else if (destination_proxy == rank_) {
-        from = source_proxy;
-        to = destination;
-        receive_tag = tag + kRoutedCrossing;
-        send_tag = tag + kRoutedCombine;
-      } else {
-        continue;
-      }
-      if (state.relay_count == state.relays.size()) state.relays.emplace_back();
-      Relay& relay = state.relays[state.relay_count++];
-      relay.data.resize(static_cast<std::size_t>(range.size()));
-      relay.to = to;
-      relay.send_tag = send_tag;
-      check_mpi(MPI_Irecv(relay.data.data(), static_cast<int>(relay.data.size()), MPI_FLOAT, from,
-                          receive_tag, comm_, &relay.request),
-                "MPI_Irecv (relay)");
-    }
-  }
-  // This rank's outgoing block: part 0 straight to the successor, part t >= 1 dispatched
-  // to this rank's t-th proxy.
-  const int outgoing_hop = position;
-  const int outgoing_parts = parts_of(outgoing_hop);
-  for (int part = 0; part < outgoing_parts; ++part) {
-    const PartRange range = part_range(outgoing_hop, outgoing_parts, part);
-    if (range.size() == 0 && outgoing_parts > 1) continue;
-    if (part == 0) {
-      post(send + range.begin, range.size(), destination_of(outgoing_hop), tag);
-    } else {
-      post(send + range.begin, range.size(), routing_proxy(cluster, rank_, part),
-           tag + kRoutedDispatch);
-    }
-  }
-  run_fault_hook("in a ring shift, messages in flight");
-}
-
-void PlanAttentionEngine::wait_ring_shifts(GroupState& state) {
-  timed_wait("ring", [&] {
-    // Relays forward in arrival order: a fixed order could wait on a part whose sender
-    // itself waits on this rank's other relay.
-    std::vector<MPI_Request> relay_requests;
-    for (std::size_t r = 0; r < state.relay_count; ++r) {
-      relay_requests.push_back(state.relays[r].request);
-    }
-    for (std::size_t done = 0; done < state.relay_count; ++done) {
-      int index = MPI_UNDEFINED;
-      check_mpi(MPI_Waitany(static_cast<int>(relay_requests.size()), relay_requests.data(), &index,
-                            MPI_STATUS_IGNORE),
-                "MPI_Waitany (relay)");
-      const Relay& relay = state.relays[static_cast<std::size_t>(index)];
-      post_send(relay.data.data(), relay.data.size(), relay.to, relay.send_tag, state.requests);
-    }
-    check_mpi(MPI_Waitall(static_cast<int>(state.requests.size()), state.requests.data(),
-                          MPI_STATUSES_IGNORE),
-              "MPI_Waitall (ring)");
-  });
-  state.requests.clear();
-  state.relay_count = 0;
 }
 
 void PlanAttentionEngine::run_group_forward(const AttentionShape& shape, std::size_t index,
@@ -335,111 +159,6 @@ void PlanAttentionEngine::run_group_backward(const AttentionShape& shape, std::s
 }
 
 // ----------------------------------------------------------------------------------------
-// Ring
-
-namespace {
-
-/// The floats each hop of a ring shift carries at `step`, into `sizes`: member m then holds
-/// the block of member m - step, `blocks` arrays of `width` floats per token of it.
-std::span<const std::size_t> ring_step_sizes(const std::vector<Member>& members, int step,
-                                             int width, int blocks,
-                                             std::vector<std::size_t>& sizes) {
-  const int group_size = static_cast<int>(members.size());
-  sizes.resize(members.size());
-  for (int member = 0; member < group_size; ++member) {
-    sizes[static_cast<std::size_t>(member)] =
-        static_cast<std::size_t>(blocks) * rows(at_position(members, member - step).size(), width);
-  }
-  return sizes;
-}
-
-}  // namespace
-
-void PlanAttentionEngine::ring_forward(const AttentionShape& shape, GroupState& state,
-                                       const float* q, const float* k, const float* v, float* out,
-                                       float* lse) {
-  const int group_size = static_cast<int>(state.members.size());
-  const int kv_width = shape.kv_heads * shape.head_dim;
-  const std::size_t own_kv_floats = rows(state.count, kv_width);
-  const std::size_t largest_block = 2 * rows(largest_member(state.members), kv_width);
-  // The travelling block [k | v] of its owner, and the next one arriving.
-  state.kv_current.resize(largest_block);
-  state.kv_incoming.resize(largest_block);
-  std::copy_n(k, own_kv_floats, state.kv_current.begin());
-  std::copy_n(v, own_kv_floats, state.kv_current.begin() + static_cast<std::ptrdiff_t>(own_kv_floats));
-  const TokenTiles& own = at_position(state.tiles, state.position);
-  state.accumulator.reset(state.count, shape);
-  for (int step = 0; step < group_size; ++step) {
-    // Member m holds owner (m - step)'s block and passes it on while computing on it.
-    const int owner = state.position - step;
-    const std::size_t owner_kv_floats = rows(at_position(state.members, owner).size(), kv_width);
-    const bool shift = step + 1 < group_size;
-    if (shift) {
-      post_ring_shift(state, ring_step_sizes(state.members, step, kv_width, 2, state.sizes),
-                      state.kv_current.data(), state.kv_incoming.data(), kForward);
-    }
-    attention_forward_accumulate(shape, q, own, state.kv_current.data(),
-                                 state.kv_current.data() + owner_kv_floats,
-                                 at_position(state.tiles, owner), state.accumulator);
-    if (shift) {
-      wait_ring_shifts(state);
-      std::swap(state.kv_current, state.kv_incoming);
-    }
-  }
-  attention_forward_finalize(shape, state.accumulator, out, lse);
-}
-
-void PlanAttentionEngine::ring_backward(const AttentionShape& shape, GroupState& state,
-                                        const float* q, const float* k, const float* v,
-                                        const float* d_out, const float* lse, const float* delta,
-                                        float* d_q, float* d_k, float* d_v) {
-  const int group_size = static_cast<int>(state.members.size());
-  const int kv_width = shape.kv_heads * shape.head_dim;
-  const std::size_t own_kv_floats = rows(state.count, kv_width);
-  const std::size_t largest_block = 2 * rows(largest_member(state.members), kv_width);
-  for (auto* buffer : {&state.kv_current, &state.kv_incoming, &state.dkv_partial,
-                       &state.dkv_outgoing, &state.dkv_incoming}) {
-    buffer->resize(largest_block);
-  }
-  std::copy_n(k, own_kv_floats, state.kv_current.begin());
-  std::copy_n(v, own_kv_floats, state.kv_current.begin() + static_cast<std::ptrdiff_t>(own_kv_floats));
-  const TokenTiles& own = at_position(state.tiles, state.position);
-  for (int step = 0; step < group_size; ++step) {
-    const int owner = state.position - step;
-    const std::size_t owner_kv_floats = rows(at_position(state.members, owner).size(), kv_width);
-    const std::span<const std::size_t> sizes =
-        ring_step_sizes(state.members, step, kv_width, 2, state.sizes);
-    const bool shift = step + 1 < group_size;
-    if (shift) {  // the next step's block travels while this one computes
-      post_ring_shift(state, sizes, state.kv_current.data(), state.kv_incoming.data(), kBackward);
-    }
-    // This rank's part of the block's dK/dV; meanwhile the block's dK/dV accumulated by the
-    // members before this one arrives (sent at their previous step). At step 0 the block is
-    // this rank's own and its part starts the accumulation.
-    float* part = (step == 0 ? state.dkv_outgoing : state.dkv_partial).data();
-    std::fill_n(part, 2 * owner_kv_floats, 0.0f);
-    attention_backward_accumulate(shape, q, d_out, lse, delta, own, state.kv_current.data(),
-                                  state.kv_current.data() + owner_kv_floats,
-                                  at_position(state.tiles, owner), d_q, part,
-                                  part + owner_kv_floats);
-    wait_ring_shifts(state);  // this step's block shift and the previous step's dK/dV
-    if (step > 0) {
-      add_to(state.dkv_incoming.data(), part, 2 * owner_kv_floats);
-      std::swap(state.dkv_incoming, state.dkv_outgoing);
-    }
-    // The block's dK/dV goes on one step behind the block; at the last step it goes to the
-    // successor, the block's owner.
-    post_ring_shift(state, sizes, state.dkv_outgoing.data(), state.dkv_incoming.data(),
-                    kBackwardGradients);
-    if (shift) std::swap(state.kv_current, state.kv_incoming);
-  }
-  wait_ring_shifts(state);
-  // This rank's own block, with the part of every member.
-  add_to(d_k, state.dkv_incoming.data(), own_kv_floats);
-  add_to(d_v, state.dkv_incoming.data() + own_kv_floats, own_kv_floats);
-}
-
-// ----------------------------------------------------------------------------------------
 // All-gather
 
 namespace {
@@ -457,6 +176,12 @@ std::size_t block_layout(const std::vector<Member>& members, int kv_width,
   return total;
 }
 
+/// Member `member`'s block in a buffer laid out by block_layout().
+float* block_of(std::vector<float>& buffer, const std::vector<std::size_t>& offsets,
+                int member) {
+  return buffer.data() + offsets[static_cast<std::size_t>(member)];
+}
+
 }  // namespace
 
 void PlanAttentionEngine::all_gather_forward(const AttentionShape& shape, GroupState& state,
@@ -467,13 +192,12 @@ void PlanAttentionEngine::all_gather_forward(const AttentionShape& shape, GroupS
   const int kv_width = shape.kv_heads * shape.head_dim;
   const std::size_t own_kv_floats = rows(state.count, kv_width);
   state.gathered.resize(block_layout(state.members, kv_width, state.block_offsets));
-  float* own_block = state.gathered.data() + state.block_offsets[static_cast<std::size_t>(state.position)];
-  std::copy_n(k, own_kv_floats, own_block);
-  std::copy_n(v, own_kv_floats, own_block + own_kv_floats);
+  float* own_block = block_of(state.gathered, state.block_offsets, state.position);
+  copy_kv_block(k, v, own_kv_floats, own_block);
   const int tag = tag_of(state.group_index, kForward);
   for (int member = 0; member < group_size; ++member) {
     if (member == state.position) continue;
-    post_receive(state.gathered.data() + state.block_offsets[static_cast<std::size_t>(member)],
+    post_receive(block_of(state.gathered, state.block_offsets, member),
                  2 * rows(state.members[static_cast<std::size_t>(member)].size(), kv_width),
                  group.ranks[static_cast<std::size_t>(member)], tag, state.requests);
   }
@@ -489,7 +213,7 @@ void PlanAttentionEngine::all_gather_forward(const AttentionShape& shape, GroupS
   wait_exchange(state.requests);
   for (int member = 0; member < group_size; ++member) {
     if (member == state.position) continue;
-    const float* block = state.gathered.data() + state.block_offsets[static_cast<std::size_t>(member)];
+    const float* block = block_of(state.gathered, state.block_offsets, member);
     const std::size_t block_kv_floats =
         rows(state.members[static_cast<std::size_t>(member)].size(), kv_width);
     attention_forward_accumulate(shape, q, own, block, block + block_kv_floats,
@@ -513,13 +237,12 @@ void PlanAttentionEngine::all_gather_backward(const AttentionShape& shape, Group
   const std::size_t total = block_layout(state.members, kv_width, state.block_offsets);
   state.gathered.resize(total);
   state.partials.assign(total, 0.0f);
-  float* own_block = state.gathered.data() + state.block_offsets[position];
-  std::copy_n(k, own_kv_floats, own_block);
-  std::copy_n(v, own_kv_floats, own_block + own_kv_floats);
+  float* own_block = block_of(state.gathered, state.block_offsets, state.position);
+  copy_kv_block(k, v, own_kv_floats, own_block);
   const int tag = tag_of(state.group_index, kBackward);
   for (int member = 0; member < group_size; ++member) {
     if (member == state.position) continue;
-    post_receive(state.gathered.data() + state.block_offsets[static_cast<std::size_t>(member)],
+    post_receive(block_of(state.gathered, state.block_offsets, member),
                  2 * rows(state.members[static_cast<std::size_t>(member)].size(), kv_width),
                  group.ranks[static_cast<std::size_t>(member)], tag, state.requests);
   }
@@ -530,7 +253,7 @@ void PlanAttentionEngine::all_gather_backward(const AttentionShape& shape, Group
   }
   const TokenTiles& own = state.tiles[position];
   const auto backward_block = [&](int member, const float* block_k, const float* block_v) {
-    float* partial = state.partials.data() + state.block_offsets[static_cast<std::size_t>(member)];
+    float* partial = block_of(state.partials, state.block_offsets, member);
     const std::size_t block_kv_floats =
         rows(state.members[static_cast<std::size_t>(member)].size(), kv_width);
     attention_backward_accumulate(shape, q, d_out, lse, delta, own, block_k, block_v,
@@ -541,7 +264,7 @@ void PlanAttentionEngine::all_gather_backward(const AttentionShape& shape, Group
   wait_exchange(state.requests);
   for (int member = 0; member < group_size; ++member) {
     if (member == state.position) continue;
-    const float* block = state.gathered.data() + state.block_offsets[static_cast<std::size_t>(member)];
+    const float* block = block_of(state.gathered, state.block_offsets, member);
     backward_block(member, block,
                    block + rows(state.members[static_cast<std::size_t>(member)].size(), kv_width));
   }
@@ -557,7 +280,7 @@ void PlanAttentionEngine::all_gather_backward(const AttentionShape& shape, Group
   }
   for (int member = 0; member < group_size; ++member) {
     if (member == state.position) continue;
-    post_send(state.partials.data() + state.block_offsets[static_cast<std::size_t>(member)],
+    post_send(block_of(state.partials, state.block_offsets, member),
               2 * rows(state.members[static_cast<std::size_t>(member)].size(), kv_width),
               group.ranks[static_cast<std::size_t>(member)], back_tag, state.requests);
   }
@@ -565,7 +288,7 @@ void PlanAttentionEngine::all_gather_backward(const AttentionShape& shape, Group
   for (int member = 0; member < group_size; ++member) {  // fixed order: the same sum every run
     const float* gradients =
         member == state.position
-            ? state.partials.data() + state.block_offsets[position]
+            ? block_of(state.partials, state.block_offsets, state.position)
             : state.returned.data() + static_cast<std::size_t>(member) * own_block_floats;
     add_to(d_k, gradients, own_kv_floats);
     add_to(d_v, gradients + own_kv_floats, own_kv_floats);
@@ -768,5 +491,6 @@ void PlanAttentionEngine::ulysses_backward(const AttentionShape& shape, GroupSta
     copy_columns_in(d_v_rows, count, kv_columns, d_v, kv_width, member * kv_columns, true);
   }
 }
+
 
 }  // namespace ballast::runtime

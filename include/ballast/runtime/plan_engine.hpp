@@ -98,7 +98,7 @@ class PlanAttentionEngine final : public AttentionEngine {
     std::vector<HeadShard> head_shards;  ///< per entry of my_groups_ (empty unless Ulysses)
   };
   /// A group's members, their tokens' tiles and the buffers its scheme reuses, built at the
-  /// group's first call and kept for every layer and pass (plan_schemes.cpp).
+  /// group's first call and kept for every layer and pass (plan_schemes_internal.hpp).
   struct GroupState;
 
   /// Moves rows of `width` floats from one layout to the other (all-to-allv).
