@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ballast/error.hpp"
@@ -37,10 +38,10 @@ namespace {
 
 /// Queries per tile. With the query heads of one KV head stacked, a tile's GEMMs have
 /// kQueryTile * (heads / kv_heads) rows.
-constexpr int kQueryTile = 64;
+constexpr int kQueryTile = kAttentionTileTokens;
 /// Keys per tile: the granularity at which the mask is decided (64 wastes little on the
 /// diagonal of a causal document and on documents of 64 tokens).
-constexpr int kKeyTile = 64;
+constexpr int kKeyTile = kAttentionTileTokens;
 /// Consecutive unmasked key tiles are merged into one GEMM of up to this many keys.
 constexpr int kMaxKeyRun = 512;
 
@@ -49,30 +50,7 @@ constexpr int kMaxKeyRun = 512;
 
 /// Documents and positions a tile of consecutive tokens spans: enough to rule out, or rule
 /// in, every (query, key) pair of a tile pair without looking at the pairs.
-struct TileExtent {
-  int begin = 0;
-  int end = 0;
-  std::int64_t min_doc = 0, max_doc = 0, min_pos = 0, max_pos = 0;
-};
-
-std::vector<TileExtent> tile_extents(TokenSpan span, int tile_size) {
-  std::vector<TileExtent> tiles;
-  for (int begin = 0; begin < span.count; begin += tile_size) {
-    TileExtent tile;
-    tile.begin = begin;
-    tile.end = std::min(span.count, begin + tile_size);
-    tile.min_doc = tile.max_doc = span.doc[begin];
-    tile.min_pos = tile.max_pos = span.pos[begin];
-    for (int t = begin + 1; t < tile.end; ++t) {
-      tile.min_doc = std::min(tile.min_doc, span.doc[t]);
-      tile.max_doc = std::max(tile.max_doc, span.doc[t]);
-      tile.min_pos = std::min(tile.min_pos, span.pos[t]);
-      tile.max_pos = std::max(tile.max_pos, span.pos[t]);
-    }
-    tiles.push_back(tile);
-  }
-  return tiles;
-}
+using TileExtent = TokenTiles::Tile;
 
 enum class Visibility { none, all, some };
 
@@ -94,9 +72,10 @@ struct KeyRun {
   bool masked = false;
 };
 
-std::vector<KeyRun> key_runs(const TileExtent& query_tile,
-                             const std::vector<TileExtent>& key_tiles) {
-  std::vector<KeyRun> runs;
+/// The runs of one query tile, into `runs` (cleared first: one vector serves every tile).
+void key_runs(const TileExtent& query_tile, const std::vector<TileExtent>& key_tiles,
+              std::vector<KeyRun>& runs) {
+  runs.clear();
   for (const TileExtent& key_tile : key_tiles) {
     const Visibility visibility = tile_visibility(query_tile, key_tile);
     if (visibility == Visibility::none) continue;
@@ -108,7 +87,6 @@ std::vector<KeyRun> key_runs(const TileExtent& query_tile,
       runs.push_back({key_tile.begin, key_tile.end, masked});
     }
   }
-  return runs;
 }
 
 /// The mask of a masked run as a bias [query tile tokens, run keys]: 0 where the key is
@@ -179,13 +157,31 @@ void unpack_values(const TileLayout& t, const float* packed, float* target) {
   }
 }
 
+/// Floats that are not zeroed when allocated: every use below writes before it reads, so a
+/// call's scratch (up to a megabyte of score rows) costs an allocation, not a pass over it.
+class Floats {
+ public:
+  void resize(std::size_t size) {
+    values_ = std::make_unique_for_overwrite<float[]>(size);
+    size_ = size;
+  }
+  float* data() { return values_.get(); }
+  float* begin() { return values_.get(); }
+  float* end() { return values_.get() + size_; }
+
+ private:
+  std::unique_ptr<float[]> values_;
+  std::size_t size_ = 0;
+};
+
 /// Scratch of one call, sized for the largest tile.
 struct Scratch {
   const RowKernels& row = row_kernels();
-  std::vector<float> q, o, d_o, d_q;                ///< [heads, tile tokens, head_dim]
-  std::vector<float> row_max, row_sum, lse, delta;  ///< [heads, tile tokens]
-  std::vector<float> scores, d_scores;              ///< [group * tile tokens, kMaxKeyRun]
-  std::vector<float> bias;                          ///< [tile tokens, kKeyTile]
+  Floats q, o, d_o, d_q;                ///< [heads, tile tokens, head_dim]
+  Floats row_max, row_sum, lse, delta;  ///< [heads, tile tokens]
+  Floats scores, d_scores;              ///< [group * tile tokens, kMaxKeyRun]
+  Floats bias;                          ///< [tile tokens, kKeyTile]
+  std::vector<KeyRun> runs;             ///< of the current query tile
   Scratch(const AttentionShape& shape, bool backward) {
     const std::size_t head_rows = static_cast<std::size_t>(kQueryTile) * shape.heads;
     const std::size_t group_rows =
@@ -193,6 +189,7 @@ struct Scratch {
     q.resize(head_rows * shape.head_dim);
     scores.resize(group_rows * kMaxKeyRun);
     bias.resize(static_cast<std::size_t>(kQueryTile) * kKeyTile);
+    runs.reserve(16);
     if (backward) {
       d_o.resize(head_rows * shape.head_dim);
       d_q.resize(head_rows * shape.head_dim);
@@ -341,6 +338,26 @@ void gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, 
 // ----------------------------------------------------------------------------------------
 // Attention
 
+TokenTiles::TokenTiles(TokenSpan token_span) : span(token_span) {
+  check_span(span);
+  tiles.reserve(static_cast<std::size_t>((span.count + kAttentionTileTokens - 1) /
+                                         kAttentionTileTokens));
+  for (int begin = 0; begin < span.count; begin += kAttentionTileTokens) {
+    Tile tile;
+    tile.begin = begin;
+    tile.end = std::min(span.count, begin + kAttentionTileTokens);
+    tile.min_doc = tile.max_doc = span.doc[begin];
+    tile.min_pos = tile.max_pos = span.pos[begin];
+    for (int t = begin + 1; t < tile.end; ++t) {
+      tile.min_doc = std::min(tile.min_doc, span.doc[t]);
+      tile.max_doc = std::max(tile.max_doc, span.doc[t]);
+      tile.min_pos = std::min(tile.min_pos, span.pos[t]);
+      tile.max_pos = std::max(tile.max_pos, span.pos[t]);
+    }
+    tiles.push_back(tile);
+  }
+}
+
 void AttentionAccumulator::reset(int query_count, const AttentionShape& shape) {
   check_shape(shape);
   BALLAST_CHECK(query_count >= 0, "query count must not be negative");
@@ -352,6 +369,13 @@ void AttentionAccumulator::reset(int query_count, const AttentionShape& shape) {
 void attention_forward_accumulate(const AttentionShape& shape, const float* q, TokenSpan queries,
                                   const float* k, const float* v, TokenSpan keys,
                                   AttentionAccumulator& accumulator) {
+  attention_forward_accumulate(shape, q, TokenTiles(queries), k, v, TokenTiles(keys), accumulator);
+}
+
+void attention_forward_accumulate(const AttentionShape& shape, const float* q,
+                                  const TokenTiles& query_tiles, const float* k, const float* v,
+                                  const TokenTiles& key_tiles, AttentionAccumulator& accumulator) {
+  const TokenSpan queries = query_tiles.span, keys = key_tiles.span;
   check_shape(shape);
   check_span(queries);
   check_span(keys);
@@ -361,12 +385,12 @@ void attention_forward_accumulate(const AttentionShape& shape, const float* q, T
           accumulator.sum.size() == accumulator.max.size(),
       "accumulator not reset for these queries and shape");
   if (queries.count == 0 || keys.count == 0) return;
-  const std::vector<TileExtent> key_tiles = tile_extents(keys, kKeyTile);
   Scratch scratch(shape, false);
-  for (const TileExtent& query_tile : tile_extents(queries, kQueryTile)) {
-    const std::vector<KeyRun> runs = key_runs(query_tile, key_tiles);
-    if (!runs.empty())
-      forward_tile(shape, query_tile, q, queries, k, v, keys, runs, accumulator, scratch);
+  for (const TileExtent& query_tile : query_tiles.tiles) {
+    key_runs(query_tile, key_tiles.tiles, scratch.runs);
+    if (!scratch.runs.empty()) {
+      forward_tile(shape, query_tile, q, queries, k, v, keys, scratch.runs, accumulator, scratch);
+    }
   }
 }
 
@@ -411,16 +435,27 @@ void attention_backward_accumulate(const AttentionShape& shape, const float* q, 
                                    const float* lse, const float* delta, TokenSpan queries,
                                    const float* k, const float* v, TokenSpan keys, float* d_q,
                                    float* d_k, float* d_v) {
+  attention_backward_accumulate(shape, q, d_out, lse, delta, TokenTiles(queries), k, v,
+                                TokenTiles(keys), d_q, d_k, d_v);
+}
+
+void attention_backward_accumulate(const AttentionShape& shape, const float* q, const float* d_out,
+                                   const float* lse, const float* delta,
+                                   const TokenTiles& query_tiles, const float* k, const float* v,
+                                   const TokenTiles& key_tiles, float* d_q, float* d_k,
+                                   float* d_v) {
+  const TokenSpan queries = query_tiles.span, keys = key_tiles.span;
   check_shape(shape);
   check_span(queries);
   check_span(keys);
   if (queries.count == 0 || keys.count == 0) return;
   const BackwardInputs inputs{q, d_out, lse, delta, queries, k, v, keys};
-  const std::vector<TileExtent> key_tiles = tile_extents(keys, kKeyTile);
   Scratch scratch(shape, true);
-  for (const TileExtent& query_tile : tile_extents(queries, kQueryTile)) {
-    const std::vector<KeyRun> runs = key_runs(query_tile, key_tiles);
-    if (!runs.empty()) backward_tile(shape, query_tile, inputs, runs, d_q, d_k, d_v, scratch);
+  for (const TileExtent& query_tile : query_tiles.tiles) {
+    key_runs(query_tile, key_tiles.tiles, scratch.runs);
+    if (!scratch.runs.empty()) {
+      backward_tile(shape, query_tile, inputs, scratch.runs, d_q, d_k, d_v, scratch);
+    }
   }
 }
 

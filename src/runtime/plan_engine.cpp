@@ -14,6 +14,7 @@
 #include "ballast/error.hpp"
 #include "ballast/plan_layout.hpp"
 #include "ballast/runtime/mpi.hpp"
+#include "plan_schemes_internal.hpp"
 
 namespace ballast::runtime {
 
@@ -62,8 +63,11 @@ PlanAttentionEngine::PlanAttentionEngine(const Plan& plan, int micro_batch, MPI_
       offset += count;
     }
   }
+  group_states_.resize(my_groups_.size());
   has_layout_ = !micro_batch_.linear_layout.empty();
 }
+
+PlanAttentionEngine::~PlanAttentionEngine() = default;
 
 std::vector<TokenRef> PlanAttentionEngine::group_tokens(const AttentionGroup& group, int rank) const {
   std::vector<TokenRef> tokens;
@@ -208,30 +212,30 @@ void PlanAttentionEngine::remap(const std::vector<std::vector<TokenRef>>& from,
   }
 }
 
-void PlanAttentionEngine::exchange(const std::vector<std::vector<float>>& send,
-                                   std::vector<std::vector<float>>& recv,
-                                   const std::vector<int>& peers, int tag) {
-  std::vector<MPI_Request> requests;
-  for (std::size_t m = 0; m < peers.size(); ++m) {
-    if (peers[m] == rank_) continue;
-    requests.emplace_back();
-    check_mpi(MPI_Irecv(recv[m].data(), static_cast<int>(recv[m].size()), MPI_FLOAT, peers[m], tag,
-                        comm_, &requests.back()),
-              "MPI_Irecv");
-  }
-  for (std::size_t m = 0; m < peers.size(); ++m) {
-    if (peers[m] == rank_) continue;
-    requests.emplace_back();
-    count_sent(peers[m], static_cast<std::int64_t>(send[m].size()) * 4);
-    check_mpi(MPI_Isend(send[m].data(), static_cast<int>(send[m].size()), MPI_FLOAT, peers[m], tag,
-                        comm_, &requests.back()),
-              "MPI_Isend");
-  }
+void PlanAttentionEngine::post_receive(float* data, std::size_t floats, int peer, int tag,
+                                       std::vector<MPI_Request>& requests) {
+  requests.emplace_back();
+  check_mpi(MPI_Irecv(data, static_cast<int>(floats), MPI_FLOAT, peer, tag, comm_,
+                      &requests.back()),
+            "MPI_Irecv");
+}
+
+void PlanAttentionEngine::post_send(const float* data, std::size_t floats, int peer, int tag,
+                                    std::vector<MPI_Request>& requests) {
+  requests.emplace_back();
+  count_sent(peer, static_cast<std::int64_t>(floats) * 4);
+  check_mpi(MPI_Isend(data, static_cast<int>(floats), MPI_FLOAT, peer, tag, comm_,
+                      &requests.back()),
+            "MPI_Isend");
+}
+
+void PlanAttentionEngine::wait_exchange(std::vector<MPI_Request>& requests) {
   run_fault_hook("in a group exchange, messages in flight");
   timed_wait("exchange", [&] {
     check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");
   });
+  requests.clear();
 }
 
 void PlanAttentionEngine::forward(int layer, const AttentionShape& shape, const TokenBatch& batch,
@@ -259,9 +263,9 @@ void PlanAttentionEngine::forward(int layer, const AttentionShape& shape, const 
   }
   saved.out.assign(n * qw, 0);
   saved.lse.assign(n * static_cast<std::size_t>(shape.heads), -std::numeric_limits<float>::infinity());
-  for (const GroupTokens& mine : my_groups_) {
-    begin_segment(category_of(mine.group), mine.group, "fwd");
-    run_group_forward(shape, mine, saved);
+  for (std::size_t index = 0; index < my_groups_.size(); ++index) {
+    begin_segment(category_of(my_groups_[index].group), my_groups_[index].group, "fwd");
+    run_group_forward(shape, index, saved);
     end_segment(MPI_Wtime());
   }
   if (has_layout_) {
@@ -283,27 +287,36 @@ void PlanAttentionEngine::backward(int layer, const AttentionShape& shape, const
                     linear_layout_[static_cast<std::size_t>(rank_)].size(),
                 "the batch must be this engine's linear_batch()");
   const int qw = shape.heads * shape.head_dim, kw = shape.kv_heads * shape.head_dim;
-  std::vector<float> dout_att(n * qw), dq(n * qw, 0), dk(n * kw, 0), dv(n * kw, 0);
+  // dO and the gradients in the attention layout: without a remap, the caller's arrays.
+  const float* dout_att = d_out;
+  float* dq = d_q;
+  float* dk = d_k;
+  float* dv = d_v;
   if (has_layout_) {
+    d_out_attention_.resize(n * qw);
+    d_q_attention_.resize(n * qw);
+    d_k_attention_.resize(n * kw);
+    d_v_attention_.resize(n * kw);
     begin_segment(trace_category::kRemap, -1, "bwd");
-    remap(linear_layout_, attention_layout_, d_out, dout_att.data(), qw);
-  } else {
-    std::copy(d_out, d_out + n * qw, dout_att.begin());
+    remap(linear_layout_, attention_layout_, d_out, d_out_attention_.data(), qw);
+    dout_att = d_out_attention_.data();
+    dq = d_q_attention_.data();
+    dk = d_k_attention_.data();
+    dv = d_v_attention_.data();
   }
-  for (const GroupTokens& mine : my_groups_) {
-    begin_segment(category_of(mine.group), mine.group, "bwd");
-    run_group_backward(shape, mine, saved, dout_att.data(), dq.data(), dk.data(), dv.data());
+  std::fill_n(dq, n * qw, 0.0f);  // the groups add their gradients
+  std::fill_n(dk, n * kw, 0.0f);
+  std::fill_n(dv, n * kw, 0.0f);
+  for (std::size_t index = 0; index < my_groups_.size(); ++index) {
+    begin_segment(category_of(my_groups_[index].group), my_groups_[index].group, "bwd");
+    run_group_backward(shape, index, saved, dout_att, dq, dk, dv);
     end_segment(MPI_Wtime());
   }
   if (has_layout_) {
     begin_segment(trace_category::kRemap, -1, "bwd");
-    remap(attention_layout_, linear_layout_, dq.data(), d_q, qw);
-    remap(attention_layout_, linear_layout_, dk.data(), d_k, kw);
-    remap(attention_layout_, linear_layout_, dv.data(), d_v, kw);
-  } else {
-    std::copy(dq.begin(), dq.end(), d_q);
-    std::copy(dk.begin(), dk.end(), d_k);
-    std::copy(dv.begin(), dv.end(), d_v);
+    remap(attention_layout_, linear_layout_, dq, d_q, qw);
+    remap(attention_layout_, linear_layout_, dk, d_k, kw);
+    remap(attention_layout_, linear_layout_, dv, d_v, kw);
   }
   if (recording_) attention_calls_.push_back({call_start_s, MPI_Wtime() - call_start_s});
 }

@@ -431,6 +431,78 @@ TEST(Attention, ZigzagRingBlocks) {
   }
 }
 
+TEST(Attention, TokenTilesBuiltOnceEqualSpans) {
+  // What a ring does: the query tiles and each key block's tiles built once, then used by
+  // every step of the forward and the backward (twice here, as two layers would). The
+  // tiles are what the span calls build, so the results are the same bits.
+  Random random(12);
+  for (const AttentionShape& shape : kShapes) {
+    const int ranks = random.integer(2, 4);
+    const std::vector<int> lengths = random_lengths(random, random.integer(1, 6), 300);
+    std::vector<Tokens> rank_tokens;
+    for (int r = 0; r < ranks; ++r) rank_tokens.push_back(zigzag_rank(lengths, ranks, r));
+    Problem p;
+    p.shape = shape;
+    p.queries = rank_tokens[random.integer(0, ranks - 1)];
+    p.keys = concatenate(rank_tokens);
+    for (int begin = 0; const Tokens& tokens : rank_tokens) {
+      p.key_blocks.push_back({begin, begin + tokens.size()});
+      begin += tokens.size();
+    }
+    fill(p, random);
+    const Forward expected = kernel_forward(p, identity_order(p));
+    const Gradients expected_gradients = kernel_backward(p, expected, identity_order(p));
+    const TokenTiles query_tiles(p.queries.span());
+    std::vector<TokenTiles> key_tiles;
+    for (const auto& [begin, end] : p.key_blocks) key_tiles.emplace_back(p.keys.span(begin, end));
+    for (int pass = 0; pass < 2; ++pass) {
+      AttentionAccumulator accumulator;
+      accumulator.reset(p.queries.size(), p.shape);
+      for (std::size_t b = 0; b < p.key_blocks.size(); ++b) {
+        const std::size_t offset = p.kv_offset(p.key_blocks[b].first);
+        attention_forward_accumulate(p.shape, p.q.data(), query_tiles, p.k.data() + offset,
+                                     p.v.data() + offset, key_tiles[b], accumulator);
+      }
+      Forward forward{std::vector<float>(p.q_size()), std::vector<float>(expected.lse.size())};
+      attention_forward_finalize(p.shape, accumulator, forward.out.data(), forward.lse.data());
+      EXPECT_EQ(forward.out, expected.out);
+      EXPECT_EQ(forward.lse, expected.lse);
+      std::vector<float> delta(forward.lse.size());
+      attention_backward_delta(p.shape, p.queries.size(), forward.out.data(), p.d_out.data(),
+                               delta.data());
+      Gradients g{std::vector<float>(p.q_size()), std::vector<float>(p.kv_size()),
+                  std::vector<float>(p.kv_size())};
+      for (std::size_t b = 0; b < p.key_blocks.size(); ++b) {
+        const std::size_t offset = p.kv_offset(p.key_blocks[b].first);
+        attention_backward_accumulate(p.shape, p.q.data(), p.d_out.data(), forward.lse.data(),
+                                      delta.data(), query_tiles, p.k.data() + offset,
+                                      p.v.data() + offset, key_tiles[b], g.d_q.data(),
+                                      g.d_k.data() + offset, g.d_v.data() + offset);
+      }
+      EXPECT_EQ(g.d_q, expected_gradients.d_q);
+      EXPECT_EQ(g.d_k, expected_gradients.d_k);
+      EXPECT_EQ(g.d_v, expected_gradients.d_v);
+    }
+  }
+}
+
+TEST(Attention, TokenTilesRecordEachTilesRanges) {
+  Tokens tokens = packed({70, 1, 100});  // tiles of 64: [0, 64), [64, 128), [128, 171)
+  const TokenTiles tiles(tokens.span());
+  ASSERT_EQ(tiles.tiles.size(), 3u);
+  EXPECT_EQ(tiles.tiles[1].begin, 64);
+  EXPECT_EQ(tiles.tiles[1].end, 128);
+  EXPECT_EQ(tiles.tiles[1].min_doc, 0);
+  EXPECT_EQ(tiles.tiles[1].max_doc, 2);
+  EXPECT_EQ(tiles.tiles[1].min_pos, 0);
+  EXPECT_EQ(tiles.tiles[1].max_pos, 69);
+  EXPECT_EQ(tiles.tiles[2].end, 171);
+  EXPECT_EQ(tiles.tiles[2].min_doc, 2);
+  EXPECT_EQ(tiles.tiles[2].min_pos, 57);
+  EXPECT_EQ(tiles.tiles[2].max_pos, 99);
+  EXPECT_TRUE(TokenTiles(tokens.span(0, 0)).tiles.empty());
+}
+
 TEST(Attention, ShuffledTokenOrder) {
   Random random(6);
   for (const AttentionShape& shape : kShapes) {

@@ -31,6 +31,27 @@ struct TokenSpan {
   int count = 0;
 };
 
+/// Tokens per tile: the kernels cut queries and keys alike into tiles of this many
+/// consecutive tokens (in the span's order).
+inline constexpr int kAttentionTileTokens = 64;
+
+/// A TokenSpan cut into the kernels' tiles, each with the range of its documents and
+/// positions: what an attention call derives from its query and key spans to decide which
+/// tile pairs to compute. Built once, it stands for the span in any number of calls (a
+/// ring's steps and every layer reuse the tiles of their blocks) instead of being rebuilt
+/// by each. The span's arrays must outlive it.
+struct TokenTiles {
+  struct Tile {
+    int begin = 0;  ///< tokens [begin, end) of the span
+    int end = 0;
+    std::int64_t min_doc = 0, max_doc = 0, min_pos = 0, max_pos = 0;
+  };
+  TokenSpan span;
+  std::vector<Tile> tiles;
+  TokenTiles() = default;
+  explicit TokenTiles(TokenSpan span);
+};
+
 /// Running online-softmax state for nq queries: unnormalised output [nq, heads, head_dim],
 /// running row maximum and row sum of exp(score - max) [nq, heads], scores scaled by
 /// 1/sqrt(head_dim).
@@ -49,6 +70,10 @@ struct AttentionAccumulator {
 void attention_forward_accumulate(const AttentionShape& shape, const float* q, TokenSpan queries,
                                   const float* k, const float* v, TokenSpan keys,
                                   AttentionAccumulator& accumulator);
+/// The same with the tiles of both spans built by the caller (TokenTiles).
+void attention_forward_accumulate(const AttentionShape& shape, const float* q,
+                                  const TokenTiles& queries, const float* k, const float* v,
+                                  const TokenTiles& keys, AttentionAccumulator& accumulator);
 
 /// out = accumulator.out / sum, lse = max + log(sum) per (query, head); a query that saw no
 /// visible key gets out 0 and lse -infinity.
@@ -66,6 +91,11 @@ void attention_backward_accumulate(const AttentionShape& shape, const float* q, 
                                    const float* lse, const float* delta, TokenSpan queries,
                                    const float* k, const float* v, TokenSpan keys, float* d_q,
                                    float* d_k, float* d_v);
+/// The same with the tiles of both spans built by the caller (TokenTiles).
+void attention_backward_accumulate(const AttentionShape& shape, const float* q, const float* d_out,
+                                   const float* lse, const float* delta, const TokenTiles& queries,
+                                   const float* k, const float* v, const TokenTiles& keys,
+                                   float* d_q, float* d_k, float* d_v);
 
 /// Naive references that materialise every score (double accumulation): out [nq, heads,
 /// head_dim] and, for the backward, d_q, d_k, d_v overwritten.

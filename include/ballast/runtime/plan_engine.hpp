@@ -1,15 +1,18 @@
 // Executes the attention of one micro-batch of a Plan over MPI: the remap between the
 // linear layout and the attention layout (all-to-allv), then each of this rank's groups in
 // its queue order with the group's scheme: local (varlen), ring (zigzag chunks, KV blocks
-// passed with non-blocking point-to-point overlapped with the block's compute; dK/dV
-// travel with the blocks backward and return to their owner), all_gather (KV of every
-// member; dK/dV reduced back to the owner) and ulysses (all-to-all from sequence to head
-// sharding, GQA-aware). Every rank of MPI_COMM_WORLD is plan rank = MPI rank; all ranks
-// call forward/backward for every layer of every micro-batch (the remap is collective).
+// passed with non-blocking point-to-point overlapped with the block's compute; backward,
+// each block's dK/dV partial follows one step behind it, overlapped with the next step's
+// compute, and the last step returns it to its owner), all_gather (KV of every member;
+// dK/dV reduced back to the owner) and ulysses (all-to-all from sequence to head sharding,
+// GQA-aware). Every rank of MPI_COMM_WORLD is plan rank = MPI rank; all ranks call
+// forward/backward for every layer of every micro-batch (the remap is collective).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -49,6 +52,9 @@ class PlanAttentionEngine final : public AttentionEngine {
  public:
   /// `plan` must outlive the engine; `rank` = this process's MPI rank in `comm`.
   PlanAttentionEngine(const Plan& plan, int micro_batch, MPI_Comm comm);
+  ~PlanAttentionEngine() override;
+  PlanAttentionEngine(const PlanAttentionEngine&) = delete;
+  PlanAttentionEngine& operator=(const PlanAttentionEngine&) = delete;
 
   /// This rank's tokens for the per-token ops: the micro-batch's linear layout (its
   /// slices in layout order) or, without one, its attention chunks in queue order
@@ -82,25 +88,54 @@ class PlanAttentionEngine final : public AttentionEngine {
     int first = 0;          ///< this rank's tokens of the group start here in its attention layout
     int count = 0;
   };
-  struct Saved {  ///< per layer, attention layout of this rank
+  /// Ulysses: this member's heads of every token of its group (member order), kept from the
+  /// forward for the backward, which then exchanges only dO.
+  struct HeadShard {
     std::vector<float> q, k, v, out, lse;
   };
+  struct Saved {  ///< per layer, attention layout of this rank
+    std::vector<float> q, k, v, out, lse;
+    std::vector<HeadShard> head_shards;  ///< per entry of my_groups_ (empty unless Ulysses)
+  };
+  /// A group's members, their tokens' tiles and the buffers its scheme reuses, built at the
+  /// group's first call and kept for every layer and pass (plan_schemes_internal.hpp).
+  struct GroupState;
 
   /// Moves rows of `width` floats from one layout to the other (all-to-allv).
   void remap(const std::vector<std::vector<TokenRef>>& from,
              const std::vector<std::vector<TokenRef>>& to, const float* in, float* out,
              int width);
   std::vector<TokenRef> group_tokens(const AttentionGroup& group, int rank) const;
-  void run_group_forward(const AttentionShape& shape, const GroupTokens& mine, Saved& saved);
-  void run_group_backward(const AttentionShape& shape, const GroupTokens& mine, const Saved& saved,
+  /// The state of my_groups_[index], built at its first call.
+  GroupState& group_state(std::size_t index);
+  /// my_groups_[index] on the attention layout: forward fills saved.out and saved.lse (and
+  /// a Ulysses group's head shard); backward adds to d_q, d_k, d_v.
+  void run_group_forward(const AttentionShape& shape, std::size_t index, Saved& saved);
+  void run_group_backward(const AttentionShape& shape, std::size_t index, const Saved& saved,
                           const float* d_out, float* d_q, float* d_k, float* d_v);
-  void exchange(const std::vector<std::vector<float>>& send, std::vector<std::vector<float>>& recv,
-                const std::vector<int>& peers, int tag);
-  /// exchange() with the receive buffers sized from counts[m] rows of `width` floats per
-  /// member; this rank's own entry (position `self`) is its send buffer.
-  std::vector<std::vector<float>> exchange_rows(const std::vector<std::vector<float>>& send,
-                                                const std::vector<int>& counts, int width,
-                                                const std::vector<int>& peers, int self, int tag);
+  void ring_forward(const AttentionShape& shape, GroupState& state, const float* q,
+                    const float* k, const float* v, float* out, float* lse);
+  void ring_backward(const AttentionShape& shape, GroupState& state, const float* q,
+                     const float* k, const float* v, const float* d_out, const float* lse,
+                     const float* delta, float* d_q, float* d_k, float* d_v);
+  void all_gather_forward(const AttentionShape& shape, GroupState& state, const float* q,
+                          const float* k, const float* v, float* out, float* lse);
+  void all_gather_backward(const AttentionShape& shape, GroupState& state, const float* q,
+                           const float* k, const float* v, const float* d_out, const float* lse,
+                           const float* delta, float* d_q, float* d_k, float* d_v);
+  void ulysses_forward(const AttentionShape& shape, GroupState& state, const float* q,
+                       const float* k, const float* v, float* out, float* lse, HeadShard& shard);
+  void ulysses_backward(const AttentionShape& shape, GroupState& state, const HeadShard& shard,
+                        const float* d_out, float* d_q, float* d_k, float* d_v);
+  /// Non-blocking point-to-point of a group exchange, appended to `requests` (the send
+  /// counts its bytes); wait_exchange() completes them.
+  void post_receive(float* data, std::size_t floats, int peer, int tag,
+                    std::vector<MPI_Request>& requests);
+  void post_send(const float* data, std::size_t floats, int peer, int tag,
+                 std::vector<MPI_Request>& requests);
+  /// Runs the fault hook (messages are in flight), then waits for every request and clears
+  /// the list.
+  void wait_exchange(std::vector<MPI_Request>& requests);
   void count_sent(int peer, std::int64_t bytes);
   /// Runs and clears fault_hook_ if one is set.
   void run_fault_hook(const char* where);
@@ -114,14 +149,18 @@ class PlanAttentionEngine final : public AttentionEngine {
   void end_segment(double now_s);
   /// group_category() of the micro-batch's group `group`.
   const char* category_of(int group) const;
-  /// One ring shift of `group`: member m sends sizes[m] floats to member m + 1 (this rank
-  /// sends `send`, receives its predecessor's into `recv`). A hop is split into
-  /// routing_parts() parts (plan_layout.hpp, the rule the simulator uses): part 0 straight
-  /// to the successor, part t through routing_proxy() GPUs of both nodes, which validate()
-  /// guarantees are members of the group and relay inside the same step. `compute` runs
-  /// while the data flies; returns when this rank's receives, sends and relays are done.
-  void ring_shift(const AttentionGroup& group, int group_index, const std::vector<std::size_t>& sizes,
-                  const float* send, float* recv, int phase, const std::function<void()>& compute);
+  /// Posts one ring shift of the state's group: member m sends sizes[m] floats to member
+  /// m + 1 (this rank sends `send`, receives its predecessor's into `recv`). A hop is split
+  /// into routing_parts() parts (plan_layout.hpp, the rule the simulator uses): part 0
+  /// straight to the successor, part t through routing_proxy() GPUs of both nodes, which
+  /// validate() guarantees are members of the group and relay inside the same step. The
+  /// messages and relays join the state's transfers in flight; several shifts (of
+  /// different phases) may be in flight at once.
+  void post_ring_shift(GroupState& state, std::span<const std::size_t> sizes, const float* send,
+                       float* recv, int phase);
+  /// Waits until every ring shift in flight is done: this rank's receives, sends and the
+  /// relays it forwards (in arrival order).
+  void wait_ring_shifts(GroupState& state);
 
   const Plan& plan_;
   const MicroBatch& micro_batch_;
@@ -133,7 +172,11 @@ class PlanAttentionEngine final : public AttentionEngine {
   std::vector<std::vector<TokenRef>> attention_layout_;  ///< per rank, queue order
   std::vector<std::vector<TokenRef>> linear_layout_;     ///< per rank
   std::vector<GroupTokens> my_groups_;                   ///< queue order
+  std::vector<std::unique_ptr<GroupState>> group_states_;  ///< per entry of my_groups_
   std::vector<Saved> saved_;
+  /// Backward with a remap: dO and the gradients in the attention layout (reused by every
+  /// layer).
+  std::vector<float> d_out_attention_, d_q_attention_, d_k_attention_, d_v_attention_;
   CommunicationStats stats_;
   std::function<void(const char* where)> fault_hook_;
   // Recording (record_trace): the current segment's category, group, pass and start.
