@@ -54,6 +54,12 @@ struct Cluster {
   /// (older cluster files): every tile at this one efficiency, forward and backward.
   double attention_efficiency = 0;
   Tokens attention_tile_tokens = 128; ///< attention kernels work in square tiles of this size
+  /// How the attention kernel tiles: false, each block on its own (GPU varlen kernels,
+  /// FlashAttention's tiles never span two sequences); true, the blocks of one attention
+  /// call are laid out one after another and tiled together, so short documents share
+  /// tiles, as ballast's CPU runtime kernel does (docs/cost-model.md, "Packed tiles").
+  /// JSON "attention_tiles": "per_block" (default, not written) or "packed".
+  bool attention_tiles_packed = false;
   double memory_usable_fraction = 0;  ///< share of gpu_memory_bytes a plan may use
 
   double intra_node_bus_bw_bytes_per_s = 0;  ///< per-GPU collective bus bandwidth (NVLink)

@@ -17,6 +17,7 @@ class Cluster:
     matmul_efficiency: float
     attention_efficiency: float
     attention_tile_tokens: int
+    attention_tiles_packed: bool
     memory_usable_fraction: float
     intra_node_bus_bw_bytes_per_s: float
     intra_node_p2p_bw_bytes_per_s: float

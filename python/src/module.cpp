@@ -285,6 +285,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def_readwrite("matmul_efficiency", &Cluster::matmul_efficiency)
       .def_readwrite("attention_efficiency", &Cluster::attention_efficiency)
       .def_readwrite("attention_tile_tokens", &Cluster::attention_tile_tokens)
+      .def_readwrite("attention_tiles_packed", &Cluster::attention_tiles_packed)
       .def_readwrite("memory_usable_fraction", &Cluster::memory_usable_fraction)
       .def_readwrite("intra_node_bus_bw_bytes_per_s", &Cluster::intra_node_bus_bw_bytes_per_s)
       .def_readwrite("intra_node_p2p_bw_bytes_per_s", &Cluster::intra_node_p2p_bw_bytes_per_s)

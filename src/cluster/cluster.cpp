@@ -12,14 +12,18 @@ namespace ballast {
 namespace {
 
 /// Every member cluster_from_json reads (and to_json writes); any other is an error.
-constexpr std::array<std::string_view, 20> kClusterKeys = {
+constexpr std::array<std::string_view, 21> kClusterKeys = {
     "name", "gpu_name", "nodes", "gpus_per_node", "gpu_memory_bytes", "peak_flops_per_s",
-    "matmul_efficiency", "attention_efficiency", "attention_tile_tokens",
+    "matmul_efficiency", "attention_efficiency", "attention_tile_tokens", "attention_tiles",
     "memory_usable_fraction", "intra_node_bus_bw_bytes_per_s", "intra_node_p2p_bw_bytes_per_s",
     "intra_node_latency_s", "nics_per_node", "nic_bw_bytes_per_s", "inter_node_latency_s",
     "provenance", "intra_node_collectives", "attention_efficiency_curve", "measured_on"};
 constexpr std::array<std::string_view, 7> kHostRecordKeys = {
     "host", "cpu", "mpi", "model", "ranks", "blas_threads", "measured_at"};
+
+/// The values of "attention_tiles": Cluster::attention_tiles_packed false, true.
+constexpr std::string_view kTilesPerBlock = "per_block";
+constexpr std::string_view kTilesPacked = "packed";
 
 /// The members of "attention_efficiency_curve" and of each of its points.
 constexpr std::array<std::string_view, 2> kCurvePassKeys = {"forward", "backward"};
@@ -182,6 +186,8 @@ nlohmann::json to_json(const Cluster& cluster) {
   json["matmul_efficiency"] = cluster.matmul_efficiency;
   json["attention_efficiency"] = cluster.attention_efficiency;
   json["attention_tile_tokens"] = cluster.attention_tile_tokens;
+  // Only when packed, so plans on the usual (per-block) clusters keep their bytes.
+  if (cluster.attention_tiles_packed) json["attention_tiles"] = kTilesPacked;
   json["memory_usable_fraction"] = cluster.memory_usable_fraction;
   json["intra_node_bus_bw_bytes_per_s"] = cluster.intra_node_bus_bw_bytes_per_s;
   json["intra_node_p2p_bw_bytes_per_s"] = cluster.intra_node_p2p_bw_bytes_per_s;
@@ -231,6 +237,16 @@ Cluster cluster_from_json(const nlohmann::json& json, const std::string& source)
   cluster.matmul_efficiency = required_field<double>(json, "matmul_efficiency", source);
   cluster.attention_efficiency = required_field<double>(json, "attention_efficiency", source);
   cluster.attention_tile_tokens = required_field<Tokens>(json, "attention_tile_tokens", source);
+  const auto tiles =
+      optional_field<std::string>(json, "attention_tiles", std::string(kTilesPerBlock), source);
+  if (tiles != kTilesPerBlock && tiles != kTilesPacked) {
+    reject(source, "attention_tiles",
+           fmt::format("is {}; use \"{}\" (each block tiled on its own, GPU varlen "
+                       "kernels; the default) or \"{}\" (the blocks of a call tiled together, "
+                       "ballast's CPU runtime kernel)",
+                       nlohmann::json(tiles).dump(), kTilesPerBlock, kTilesPacked));
+  }
+  cluster.attention_tiles_packed = tiles == kTilesPacked;
   cluster.memory_usable_fraction = required_field<double>(json, "memory_usable_fraction", source);
   cluster.intra_node_bus_bw_bytes_per_s =
       required_field<double>(json, "intra_node_bus_bw_bytes_per_s", source);

@@ -85,6 +85,29 @@ TEST(ClusterJson, ProvenanceIsOptional) {
   EXPECT_EQ(cluster_from_json(json, "test").provenance, "");
 }
 
+TEST(ClusterJson, AttentionTilesPackedRoundTripsAndPerBlockIsNotWritten) {
+  Cluster cluster = cluster_preset("h100");
+  EXPECT_FALSE(cluster.attention_tiles_packed);
+  EXPECT_FALSE(to_json(cluster).contains("attention_tiles"));  // per-block plans keep their bytes
+  cluster.attention_tiles_packed = true;
+  const nlohmann::json json = to_json(cluster);
+  EXPECT_EQ(json.at("attention_tiles"), "packed");
+  EXPECT_TRUE(cluster_from_json(json, "test").attention_tiles_packed);
+  EXPECT_EQ(to_json(cluster_from_json(json, "test")), json);
+  nlohmann::json per_block = json;
+  per_block["attention_tiles"] = "per_block";  // the default, also accepted when written
+  EXPECT_FALSE(cluster_from_json(per_block, "test").attention_tiles_packed);
+}
+
+TEST(ClusterJson, AttentionTilesBadValueNamesFileAndAllowedValues) {
+  nlohmann::json json = to_json(cluster_preset("h100"));
+  json["attention_tiles"] = "pakced";
+  expect_input_error([&] { cluster_from_json(json, "my.json"); },
+                     {"my.json", "attention_tiles", "\"pakced\"", "\"per_block\"", "\"packed\""});
+  json["attention_tiles"] = true;
+  expect_input_error([&] { cluster_from_json(json, "my.json"); }, {"my.json", "attention_tiles"});
+}
+
 TEST(ClusterJson, MissingFieldNamesSourceAndField) {
   nlohmann::json json = to_json(cluster_preset("h100"));
   json.erase("nic_bw_bytes_per_s");
