@@ -459,4 +459,21 @@ void attention_backward_accumulate(const AttentionShape& shape, const float* q, 
   }
 }
 
+std::int64_t attention_tile_pairs(TokenSpan queries, TokenSpan keys) {
+  check_span(queries);
+  check_span(keys);
+  if (queries.count == 0 || keys.count == 0) return 0;
+  // The forward and backward loops above: every key tile of every run of every query tile.
+  const TokenTiles query_tiles(queries), key_tiles(keys);
+  std::vector<KeyRun> runs;
+  std::int64_t pairs = 0;
+  for (const TileExtent& query_tile : query_tiles.tiles) {
+    key_runs(query_tile, key_tiles.tiles, runs);
+    for (const KeyRun& run : runs) {
+      pairs += (run.end - run.begin + kKeyTile - 1) / kKeyTile;  // runs start on a tile
+    }
+  }
+  return pairs;
+}
+
 }  // namespace ballast::runtime

@@ -97,6 +97,13 @@ void attention_backward_accumulate(const AttentionShape& shape, const float* q, 
                                    const float* k, const float* v, const TokenTiles& keys,
                                    float* d_q, float* d_k, float* d_v);
 
+/// The (query tile, key tile) pairs attention_forward_accumulate and
+/// attention_backward_accumulate compute for these spans, masked or not: the pairs whose
+/// tiles' document and position ranges do not rule out every (query, key) pair. Made by
+/// the kernel's own tiling and mask decision; the cost model's packed tile count
+/// (cost_model.hpp, packed_tile_pairs) is tested against it.
+std::int64_t attention_tile_pairs(TokenSpan queries, TokenSpan keys);
+
 /// Naive references that materialise every score (double accumulation): out [nq, heads,
 /// head_dim] and, for the backward, d_q, d_k, d_v overwritten.
 void attention_reference_forward(const AttentionShape& shape, const float* q, TokenSpan queries,
