@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,6 +49,40 @@ Tokens causal_pairs(const AttentionBlock& block);
 inline AttentionBlock whole_document(Tokens length) { return {0, length, 0, length}; }
 /// The equivalent causal document length L of `pairs` causal pairs: L(L+1)/2 = pairs.
 double equivalent_causal_length(double pairs);
+/// Tiles of the block's q x kv grid (tile_tokens square, aligned to q_begin and kv_begin,
+/// the last row and column possibly partial) holding at least one allowed pair: what a
+/// kernel that tiles each block on its own computes. O(1).
+Tokens causal_tiles(const AttentionBlock& block, Tokens tile_tokens);
+
+/// Consecutive tokens of one document in a packed token span: positions [begin, end) of
+/// document `document` (an id: only equality and order of ids matter).
+struct DocumentRange {
+  std::int64_t document = 0;
+  Tokens begin = 0;
+  Tokens end = 0;
+};
+
+/// One call of a packed attention kernel: its query tokens and its key tokens, each the
+/// ranges laid out one after another in order. A query sees a key of the same document at
+/// a position <= its own. How ballast's runtime lays out its calls: docs/cost-model.md,
+/// "Packed tiles".
+struct PackedAttentionCall {
+  std::span<const DocumentRange> queries;
+  std::span<const DocumentRange> keys;
+};
+
+/// The call as blocks of one document each: every query range against every key range of
+/// its document, in query-range then key-range order, blocks without a causal pair dropped.
+std::vector<AttentionBlock> document_blocks(const PackedAttentionCall& call);
+/// Number of (query, key) pairs the causal mask allows in a call.
+Tokens causal_pairs(const PackedAttentionCall& call);
+/// The (query tile, key tile) pairs a packed kernel computes: both spans cut into tiles of
+/// `tile_tokens` consecutive tokens from their start, and a pair computed unless the
+/// tiles' document ranges [min, max] are disjoint or the key tile's smallest position is
+/// above the query tile's largest (ballast's runtime kernel, masked tiles included;
+/// runtime::attention_tile_pairs is the reference it is tested against). O(ranges + tiles
+/// log tiles); O(1) for one range on each side.
+Tokens packed_tile_pairs(const PackedAttentionCall& call, Tokens tile_tokens);
 
 /// The analytical family's attention pricing, built once from a Cluster: a block costs its
 /// causal tiles (cluster.attention_tile_tokens square) at the tile efficiency of its pass's
@@ -62,6 +97,10 @@ class AttentionTilePricing {
   /// best / efficiency(L). Always >= causal_pairs(block). No allocation; one log, one
   /// square root off the diagonal, a scan of the points.
   double effective_pairs(const AttentionBlock& block, Pass pass) const;
+  /// The same for `tiles` tiles of a call holding `causal_pairs` pairs, priced at the
+  /// efficiency of the call's equivalent causal length (packed tiles). >= causal_pairs
+  /// when every pair lies in one of the tiles.
+  double effective_pairs(Tokens tiles, Tokens causal_pairs, Pass pass) const;
   /// The best tile efficiency of the pass (every block is priced at or below it).
   double best_tile_efficiency(Pass pass) const;
 
@@ -76,6 +115,8 @@ class AttentionTilePricing {
   };
   static Table make_table(const std::vector<EfficiencyPoint>& curve, double flat_efficiency,
                           Tokens tile_tokens);
+  /// The curve's tile efficiency at equivalent causal length `length` (a non-empty curve).
+  static double tile_efficiency(const Table& curve, double length);
   const Table& table(Pass pass) const { return pass == Pass::forward ? forward_ : backward_; }
 
   Tokens tile_tokens_;
@@ -105,8 +146,17 @@ class CostModel {
   /// (the Ulysses degree; 1 = all heads on this rank).
   virtual Seconds attention_time_s(std::span<const AttentionBlock> blocks, int head_split,
                                    Pass pass) const = 0;
+  /// One call of a packed attention kernel as ballast's runtime makes it (a rank's tokens
+  /// of a group against one member's; the simulator calls it when
+  /// cluster().attention_tiles_packed), heads split `head_split` ways. This default prices
+  /// the call's per-document blocks (each query range against each key range of its
+  /// document sharing a causal pair, in query then key order) with attention_time_s; the
+  /// analytical family on a packed cluster counts the kernel's tiles instead.
+  virtual Seconds attention_call_time_s(const PackedAttentionCall& call, int head_split,
+                                        Pass pass) const;
   /// A floor no block shape beats: `pairs` causal pairs at the best efficiency, all
-  /// heads. attention_time_s(blocks, d, p) * d >= attention_pair_floor_s(sum pairs, p).
+  /// heads. attention_time_s(blocks, d, p) * d >= attention_pair_floor_s(sum pairs, p),
+  /// and likewise for attention_call_time_s and the call's pairs.
   virtual Seconds attention_pair_floor_s(double pairs, Pass pass) const = 0;
   /// QKV/O projections and MLP over `tokens` tokens; exactly proportional to tokens.
   virtual Seconds linear_time_s(Tokens tokens, Pass pass) const = 0;
@@ -161,7 +211,10 @@ class CostModel {
 
 /// Roofline: FLOPs / (peak * efficiency), attention quantised to square tiles of
 /// cluster.attention_tile_tokens (a 16-token document costs one 128x128 tile) and priced
-/// at the efficiency of its pass's curve (AttentionTilePricing), links alpha-beta.
+/// at the efficiency of its pass's curve (AttentionTilePricing), links alpha-beta. On a
+/// cluster with attention_tiles_packed, an attention call costs the tiles of its packed
+/// spans (packed_tile_pairs): attention_time_s lays the blocks out one after another,
+/// each block its own document (queries in block order, keys in block order).
 class AnalyticalCostModel final : public CostModel {
  public:
   AnalyticalCostModel(Cluster cluster, Model model);
@@ -169,6 +222,8 @@ class AnalyticalCostModel final : public CostModel {
   nlohmann::json spec() const override;
   Seconds attention_time_s(std::span<const AttentionBlock> blocks, int head_split,
                            Pass pass) const override;
+  Seconds attention_call_time_s(const PackedAttentionCall& call, int head_split,
+                                Pass pass) const override;
   Seconds attention_pair_floor_s(double pairs, Pass pass) const override;
   Seconds linear_time_s(Tokens tokens, Pass pass) const override;
 

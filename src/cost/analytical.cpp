@@ -1,8 +1,10 @@
 // AnalyticalCostModel: roofline times from Cluster + Model, with causal attention
-// quantised to the square tiles attention kernels compute and priced at the efficiency of
-// its pass's curve at the block's equivalent length (AttentionTilePricing).
+// quantised to the square tiles attention kernels compute (per block, or over a call's
+// packed spans) and priced at the efficiency of its pass's curve at the block's (call's)
+// equivalent length (AttentionTilePricing).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ballast/cost_model.hpp"
 #include "ballast/error.hpp"
@@ -36,12 +38,13 @@ Tokens clamped_progression_sum(Tokens n, Tokens offset, Tokens limit) {
   return rising * (zero_end + offset) + rising * (rising - 1) / 2 + (n - full_begin) * limit;
 }
 
-/// Tiles of a block's q x kv grid (T x T, aligned to q_begin and kv_begin, the last
-/// row/column possibly partial) holding at least one allowed causal pair. A tile holds
-/// one when its first key is <= its last query, so query-tile row r (last query
-/// q_begin + (r+1)T - 1 for full rows) holds clamp(floor((q_begin - kv_begin - 1)/T) + 2
-/// + r, 0, kv tiles) tiles: an arithmetic progression, summed in O(1) (documents of 2^31
-/// tokens have 2^24 tile rows). tests/cost checks it against a brute-force tile scan.
+}  // namespace
+
+/// A tile holds an allowed pair when its first key is <= its last query, so query-tile
+/// row r (last query q_begin + (r+1)T - 1 for full rows) holds clamp(floor((q_begin -
+/// kv_begin - 1)/T) + 2 + r, 0, kv tiles) tiles: an arithmetic progression, summed in O(1)
+/// (documents of 2^31 tokens have 2^24 tile rows). tests/cost checks it against a
+/// brute-force tile scan.
 Tokens causal_tiles(const AttentionBlock& block, Tokens tile_tokens) {
   if (block.q_end <= block.q_begin || block.kv_end <= block.kv_begin) return 0;
   const Tokens kv_tiles = (block.kv_end - block.kv_begin + tile_tokens - 1) / tile_tokens;
@@ -53,8 +56,6 @@ Tokens causal_tiles(const AttentionBlock& block, Tokens tile_tokens) {
       floor_div(last_query - block.kv_begin, tile_tokens) + 1, 0, kv_tiles);
   return full_rows + last_row;
 }
-
-}  // namespace
 
 double equivalent_causal_length(double pairs) {
   return pairs <= 0 ? 0.0 : (std::sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0;
@@ -89,6 +90,19 @@ AttentionTilePricing::Table AttentionTilePricing::make_table(
   return table;
 }
 
+double AttentionTilePricing::tile_efficiency(const Table& curve, double length) {
+  if (length <= curve.tokens.front()) return curve.tile_efficiency.front();
+  if (length >= curve.tokens.back()) return curve.tile_efficiency.back();
+  std::size_t upper = 1;  // curves are short (FlashAttention's charts: 6 points): a scan
+  while (curve.tokens[upper] < length) ++upper;
+  const std::size_t lower = upper - 1;
+  const double position =
+      (std::log(length) - curve.log_tokens[lower]) * curve.inverse_log_step[lower];
+  return curve.tile_efficiency[lower] +
+         std::clamp(position, 0.0, 1.0) *
+             (curve.tile_efficiency[upper] - curve.tile_efficiency[lower]);
+}
+
 double AttentionTilePricing::effective_pairs(const AttentionBlock& block, Pass pass) const {
   const Tokens tiles = causal_tiles(block, tile_tokens_);
   if (tiles == 0) return 0.0;
@@ -101,21 +115,20 @@ double AttentionTilePricing::effective_pairs(const AttentionBlock& block, Pass p
   const bool diagonal = block.q_begin == block.kv_begin && block.q_end == block.kv_end;
   const double length = diagonal ? static_cast<double>(block.q_end - block.q_begin)
                                  : equivalent_causal_length(static_cast<double>(causal_pairs(block)));
-  double efficiency = 0;
-  if (length <= curve.tokens.front()) {
-    efficiency = curve.tile_efficiency.front();
-  } else if (length >= curve.tokens.back()) {
-    efficiency = curve.tile_efficiency.back();
-  } else {
-    std::size_t upper = 1;  // curves are short (FlashAttention's charts: 6 points): a scan
-    while (curve.tokens[upper] < length) ++upper;
-    const std::size_t lower = upper - 1;
-    const double position =
-        (std::log(length) - curve.log_tokens[lower]) * curve.inverse_log_step[lower];
-    efficiency = curve.tile_efficiency[lower] +
-                 std::clamp(position, 0.0, 1.0) *
-                     (curve.tile_efficiency[upper] - curve.tile_efficiency[lower]);
-  }
+  const double efficiency = tile_efficiency(curve, length);
+  return tile_work * (curve.best / std::min(efficiency, curve.best));
+}
+
+double AttentionTilePricing::effective_pairs(Tokens tiles, Tokens causal_pairs, Pass pass) const {
+  if (tiles == 0) return 0.0;
+  const double tile_work = static_cast<double>(tiles) * static_cast<double>(tile_tokens_) *
+                           static_cast<double>(tile_tokens_);
+  const Table& curve = table(pass);
+  if (curve.tokens.empty()) return tile_work;
+  // The curves were measured on single documents; a call of many short documents is
+  // priced as one document with as many causal pairs (an assumption: docs/cost-model.md).
+  const double efficiency =
+      tile_efficiency(curve, equivalent_causal_length(static_cast<double>(causal_pairs)));
   return tile_work * (curve.best / std::min(efficiency, curve.best));
 }
 
@@ -136,12 +149,36 @@ Seconds AnalyticalCostModel::attention_pair_floor_s(double pairs, Pass pass) con
 Seconds AnalyticalCostModel::attention_time_s(std::span<const AttentionBlock> blocks,
                                               int head_split, Pass pass) const {
   BALLAST_CHECK(head_split >= 1, "head_split must be >= 1");
+  if (cluster_.attention_tiles_packed) {
+    // Each block its own document, laid out in block order on both sides.
+    std::vector<DocumentRange> queries, keys;
+    queries.reserve(blocks.size());
+    keys.reserve(blocks.size());
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const auto document = static_cast<std::int64_t>(i);
+      queries.push_back({document, blocks[i].q_begin, blocks[i].q_end});
+      keys.push_back({document, blocks[i].kv_begin, blocks[i].kv_end});
+    }
+    return attention_call_time_s({queries, keys}, head_split, pass);
+  }
   // Each block's tiles in pairs at the pass's best efficiency (>= its causal pairs);
   // reusing the floor keeps time * d >= floor exact.
   double effective_pairs = 0;
   for (const AttentionBlock& block : blocks) {
     effective_pairs += attention_pricing_.effective_pairs(block, pass);
   }
+  return attention_pair_floor_s(effective_pairs, pass) / head_split;
+}
+
+Seconds AnalyticalCostModel::attention_call_time_s(const PackedAttentionCall& call,
+                                                   int head_split, Pass pass) const {
+  if (!cluster_.attention_tiles_packed) return CostModel::attention_call_time_s(call, head_split, pass);
+  BALLAST_CHECK(head_split >= 1, "head_split must be >= 1");
+  // Every allowed pair lies in a computed tile (the kernel's mask decision is
+  // conservative), so the tiles' work >= the call's pairs and time * d >= the floor.
+  const Tokens tiles = packed_tile_pairs(call, cluster_.attention_tile_tokens);
+  if (tiles == 0) return 0.0;
+  const double effective_pairs = attention_pricing_.effective_pairs(tiles, causal_pairs(call), pass);
   return attention_pair_floor_s(effective_pairs, pass) / head_split;
 }
 

@@ -55,6 +55,12 @@ CostModel::CostModel(Cluster cluster, Model model)
   }
 }
 
+Seconds CostModel::attention_call_time_s(const PackedAttentionCall& call, int head_split,
+                                         Pass pass) const {
+  const std::vector<AttentionBlock> blocks = document_blocks(call);
+  return blocks.empty() ? 0.0 : attention_time_s(blocks, head_split, pass);
+}
+
 CollectiveFit CostModel::intra_node_fit(CollectiveOp op, int gpus) const {
   const std::vector<CollectiveFit>& fits = collective_fits_[static_cast<std::size_t>(op)];
   if (!fits.empty()) return interpolate_collective_fit(fits, gpus);
