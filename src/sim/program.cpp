@@ -156,7 +156,9 @@ class StepBuilder {
 
  private:
   int ranks() const { return static_cast<int>(cursor_.size()); }
-  BuildContext context(int micro_batch) { return {cost_, ports_, graph_, cursor_, micro_batch}; }
+  BuildContext context(int micro_batch) {
+    return {cost_, ports_, graph_, cursor_, micro_batch, plan_.sequence_lengths_tokens};
+  }
 
   void add_pass(int m, const MicroBatchLayout& layout, Pass pass) {
     const double qkv_fraction = cost_.model().qkv_flops_fraction();

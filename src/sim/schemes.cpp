@@ -62,6 +62,40 @@ Seconds attention_time_s(const CostModel& cost, const std::vector<AttentionBlock
   return blocks.empty() ? 0.0 : cost.attention_time_s(blocks, head_split, pass);
 }
 
+/// Each member's tokens of the group as ballast's runtime packs them for its attention
+/// calls (PlanAttentionEngine::group_tokens): its chunks in group.sequences order, each
+/// sequence's in chunk order, padding dropped, documents named by sequence id (the
+/// runtime kernel's document ids). Read on a packed cluster only.
+std::vector<std::vector<DocumentRange>> member_spans(const BuildContext& ctx,
+                                                     const AttentionGroup& group) {
+  std::vector<std::vector<DocumentRange>> spans(group.ranks.size());
+  for (std::size_t i = 0; i < group.ranks.size(); ++i) {
+    for (const SequenceChunks& sequence : group.sequences) {
+      const auto id = static_cast<std::size_t>(sequence.sequence_id);
+      BALLAST_CHECK(id < ctx.sequence_lengths_tokens.size(),
+                    "a validated plan has a length for every sequence id");
+      const Tokens length = ctx.sequence_lengths_tokens[id];
+      for (const Chunk& chunk : sequence.chunks) {
+        const Tokens end = std::min(chunk.end_tokens, length);
+        if (chunk.rank == group.ranks[i] && chunk.begin_tokens < end) {
+          spans[i].push_back({sequence.sequence_id, chunk.begin_tokens, end});
+        }
+      }
+    }
+  }
+  return spans;
+}
+
+/// One packed call (queries against keys); nothing to compute is free.
+Seconds call_time_s(const CostModel& cost, std::span<const DocumentRange> queries,
+                    std::span<const DocumentRange> keys, int head_split, Pass pass) {
+  return queries.empty() || keys.empty()
+             ? 0.0
+             : cost.attention_call_time_s({queries, keys}, head_split, pass);
+}
+
+bool tiles_packed(const BuildContext& ctx) { return ctx.cost.cluster().attention_tiles_packed; }
+
 /// Ring step: every own chunk as queries against every chunk of the block owner as keys,
 /// per sequence; blocks the causal mask empties are dropped.
 std::vector<AttentionBlock> ring_step_blocks(const GroupLayout& layout, int own, int owner) {
@@ -82,7 +116,13 @@ std::vector<AttentionBlock> ring_step_blocks(const GroupLayout& layout, int own,
 
 void add_local(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const int rank = group.ranks.front();
-  const Seconds duration_s = attention_time_s(ctx.cost, whole_documents(group), 1, pass);
+  Seconds duration_s = 0;
+  if (tiles_packed(ctx)) {  // one call over the rank's tokens (runtime: run_group_forward)
+    const auto spans = member_spans(ctx, group);
+    duration_s = call_time_s(ctx.cost, spans.front(), spans.front(), 1, pass);
+  } else {
+    duration_s = attention_time_s(ctx.cost, whole_documents(group), 1, pass);
+  }
   ctx.cursor[rank] =
       ctx.graph.add_compute(rank, ctx.micro_batch, duration_s, {ctx.cursor[rank]},
                             [&] { return fmt::format("attention {} local", pass_name(pass)); });
@@ -120,7 +160,15 @@ void add_ulysses(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const int scatter = add_group_collective(
       ctx, group, ctx.cost.all_to_all_time_s(group.ranks, bytes_per_member(layout, in_per_token)),
       member_cursors(ctx, group), forward ? "all-to-all qkv" : "all-to-all dout", pass);
-  const Seconds compute_s = attention_time_s(ctx.cost, whole_documents(group), size, pass);
+  Seconds compute_s = 0;
+  if (tiles_packed(ctx)) {
+    // Every member computes its heads over all the group's tokens in member order.
+    std::vector<DocumentRange> all;
+    for (const auto& span : member_spans(ctx, group)) all.insert(all.end(), span.begin(), span.end());
+    compute_s = call_time_s(ctx.cost, all, all, size, pass);
+  } else {
+    compute_s = attention_time_s(ctx.cost, whole_documents(group), size, pass);
+  }
   std::vector<int> computes;
   for (int rank : group.ranks) {
     computes.push_back(ctx.graph.add_compute(rank, ctx.micro_batch, compute_s, {scatter}, [&] {
@@ -143,14 +191,22 @@ void add_all_gather(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const int gather =
       add_group_collective(ctx, group, gather_s, member_cursors(ctx, group), "all-gather kv", pass);
   std::vector<int> computes;
+  const auto spans = tiles_packed(ctx) ? member_spans(ctx, group)
+                                       : std::vector<std::vector<DocumentRange>>();
   for (int i = 0; i < size; ++i) {
-    std::vector<AttentionBlock> blocks;
-    for (const GroupChunk& c : layout.chunks[i]) {
-      blocks.push_back({c.begin_tokens, c.end_tokens, 0, c.end_tokens});
+    Seconds compute_s = 0;
+    if (tiles_packed(ctx)) {  // own tokens against each member's gathered KV, one call each
+      for (const auto& holder : spans) compute_s += call_time_s(ctx.cost, spans[i], holder, 1, pass);
+    } else {
+      std::vector<AttentionBlock> blocks;
+      for (const GroupChunk& c : layout.chunks[i]) {
+        blocks.push_back({c.begin_tokens, c.end_tokens, 0, c.end_tokens});
+      }
+      compute_s = attention_time_s(ctx.cost, blocks, 1, pass);
     }
     const int rank = group.ranks[i];
     computes.push_back(ctx.graph.add_compute(
-        rank, ctx.micro_batch, attention_time_s(ctx.cost, blocks, 1, pass), {gather},
+        rank, ctx.micro_batch, compute_s, {gather},
         [&] { return fmt::format("attention {} all-gather g{}", pass_name(pass), size); }));
     ctx.cursor[rank] = computes.back();
   }
@@ -183,6 +239,8 @@ void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   std::vector<int> last_kv_send(g, -1);
   std::vector<int> dkv_arrived(g, -1);  // the dKV accumulator of that block (backward)
   std::vector<int> last_dkv_send(g, -1);
+  const auto spans = tiles_packed(ctx) ? member_spans(ctx, group)
+                                       : std::vector<std::vector<DocumentRange>>();
   for (int j = 0; j < g; ++j) {
     std::vector<int> kv_sends(g, -1);
     std::vector<int> dkv_sends(g, -1);
@@ -200,8 +258,11 @@ void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
                               });
         if (kv_sends[i] >= 0) last_kv_send[i] = kv_sends[i];
       }
+      // Packed: own tokens against the owner's, one call (runtime: its ring loop).
       const Seconds compute_s =
-          attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner), 1, pass);
+          tiles_packed(ctx)
+              ? call_time_s(ctx.cost, spans[i], spans[owner], 1, pass)
+              : attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner), 1, pass);
       last_compute[i] = ctx.graph.add_compute(
           ranks[i], ctx.micro_batch, compute_s, {last_compute[i], j == 0 ? -1 : kv_arrived[i]},
           [&] { return fmt::format("attention {} ring g{} step {}", pass_name(pass), g, j); });

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct BuildContext {
   TaskGraph& graph;
   std::vector<int>& cursor;
   int micro_batch = 0;
+  /// The plan's sequence lengths (padding is not computed on a packed cluster); only
+  /// attention groups read them.
+  std::span<const Tokens> sequence_lengths_tokens = {};
 };
 
 const char* pass_name(Pass pass);  ///< "fwd" or "bwd"

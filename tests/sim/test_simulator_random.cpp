@@ -14,12 +14,14 @@ namespace {
 
 class PlanGenerator {
  public:
-  PlanGenerator(const CostModel& cost, unsigned seed) : cost_(cost), random_(seed) {}
+  /// Sequences of min_tokens + [0, spread) tokens.
+  PlanGenerator(const CostModel& cost, unsigned seed, int min_tokens = 64, int spread = 4000)
+      : cost_(cost), random_(seed), min_tokens_(min_tokens), spread_(spread) {}
 
   Plan make() {
     std::vector<Tokens> lengths;
     const int count = 8 + pick(24);
-    for (int s = 0; s < count; ++s) lengths.push_back(64 + pick(4000));
+    for (int s = 0; s < count; ++s) lengths.push_back(min_tokens_ + pick(spread_));
     Plan plan = testing::empty_plan(cost_, lengths);
     const int micro_batches = 1 + pick(3);
     for (int m = 0; m < micro_batches; ++m) plan.micro_batches.push_back(random_groups());
@@ -108,6 +110,8 @@ class PlanGenerator {
 
   const CostModel& cost_;
   std::mt19937 random_;
+  int min_tokens_;
+  int spread_;
 };
 
 TEST(SimulatorRandom, LowerBoundHoldsAndTimesAddUp) {
@@ -128,6 +132,23 @@ TEST(SimulatorRandom, LowerBoundHoldsAndTimesAddUp) {
     const SimulationReport again = simulate(plan, cost, {.record_trace = true});
     EXPECT_EQ(again.step_time_s, report.step_time_s);
     EXPECT_EQ(again.trace.size(), report.trace.size());
+  }
+}
+
+TEST(SimulatorRandom, PackedTilesLowerBoundHolds) {
+  // A cluster whose kernel tiles packed spans (ballast's runtime), short and long sequences:
+  // packed tiles cost less than tiles of their own, and still no less than the floor.
+  Cluster cluster = cluster_preset("a800-roce");
+  cluster.nodes = 2;
+  cluster.attention_tile_tokens = 64;
+  cluster.attention_tiles_packed = true;
+  const AnalyticalCostModel cost(cluster, model_preset("llama-7b"));
+  for (unsigned seed = 1; seed <= 40; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const Plan plan = PlanGenerator(cost, seed, 8, seed % 2 == 0 ? 100 : 2000).make();
+    const SimulationReport report = simulate(plan, cost);
+    EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+    EXPECT_EQ(simulate(plan, cost).step_time_s, report.step_time_s);
   }
 }
 
