@@ -1,15 +1,23 @@
 // Single-thread speed of the runtime kernels: OpenBLAS sgemm (the ceiling) and the blocked
 // attention forward and backward on one causal 4096-token document and on a pack of 64
 // documents of 64 tokens, 8 heads x 64 (MHA and GQA 8/2). Figures: docs/runtime-kernels.md.
+// Packed batches of short documents (packed/...: 256 x 16, 64 x 64, 8 x 512 tokens, a
+// mix; "shuffled": document ids not in span order, as plans leave sequence ids) also report
+// the tile pairs the kernel computes and the emulated cluster's predictions (analytical
+// cost model, per-block and packed tiles: docs/cost-model.md, "Packed tiles").
 // Run: OPENBLAS_NUM_THREADS=1 build/bench/bench_kernels [--benchmark_format=json]; on a CPU
 // newer than OpenBLAS, add OPENBLAS_CORETYPE=Cooperlake (see openblas_core in the header).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "ballast/cost_model.hpp"
+#include "ballast/emulated_cluster.hpp"
 #include "ballast/runtime/kernels.hpp"
 
 // From OpenBLAS (declared here because netlib's cblas.h, which Debian's alternatives may
@@ -20,6 +28,7 @@ extern "C" char* openblas_get_corename(void);
 namespace {
 
 using namespace ballast::runtime;
+using ballast::Pass;
 
 std::vector<float> random_values(std::size_t count, std::uint64_t seed) {
   std::vector<float> values(count);
@@ -57,16 +66,46 @@ struct Problem {
   double forward_flops() const { return 4.0 * pairs * shape.head_dim * shape.heads; }
 };
 
-Problem make_problem(int documents, int length, int kv_heads) {
+/// A packed batch: document lengths in span order and the ids they carry.
+struct Batch {
+  std::vector<int> lengths;
+  std::vector<std::int64_t> ids;
+};
+
+Batch uniform_batch(int documents, int length) {
+  Batch batch{std::vector<int>(static_cast<std::size_t>(documents), length), {}};
+  for (int d = 0; d < documents; ++d) batch.ids.push_back(d);
+  return batch;
+}
+
+/// 4,096 tokens: one 1,024-token document, 8 of 200, 40 of 30, 128 of 10 and 112 of 1,
+/// in that order (longest first, as a packing planner leaves them).
+Batch mixed_batch() {
+  Batch batch;
+  for (const auto& [count, length] : {std::pair{1, 1024}, {8, 200}, {40, 30}, {128, 10}, {112, 1}}) {
+    for (int d = 0; d < count; ++d) batch.lengths.push_back(length);
+  }
+  for (std::size_t d = 0; d < batch.lengths.size(); ++d) batch.ids.push_back(static_cast<std::int64_t>(d));
+  return batch;
+}
+
+/// The same documents carrying their ids in a random order.
+Batch shuffled(Batch batch) {
+  std::shuffle(batch.ids.begin(), batch.ids.end(), std::mt19937_64(1));
+  return batch;
+}
+
+Problem make_problem(const Batch& batch, int kv_heads) {
   Problem p;
   p.shape = {8, kv_heads, 64};
-  for (int d = 0; d < documents; ++d) {
+  for (std::size_t d = 0; d < batch.lengths.size(); ++d) {
+    const int length = batch.lengths[d];
     for (int position = 0; position < length; ++position) {
-      p.doc.push_back(d);
+      p.doc.push_back(batch.ids[d]);
       p.pos.push_back(position);
     }
+    p.pairs += static_cast<double>(length) * (length + 1) / 2;
   }
-  p.pairs = static_cast<double>(documents) * length * (length + 1) / 2;
   p.q = random_values(p.q_size(), 3);
   p.k = random_values(p.kv_size(), 4);
   p.v = random_values(p.kv_size(), 5);
@@ -83,8 +122,47 @@ Problem make_problem(int documents, int length, int kv_heads) {
   return p;
 }
 
-void attention_forward(benchmark::State& state, int documents, int length, int kv_heads) {
-  const Problem p = make_problem(documents, length, kv_heads);
+/// The kernel's tile pairs and the emulated cluster's predictions (one layer of this
+/// shape, per-block and packed tiles) as counters.
+void add_model_counters(benchmark::State& state, const Batch& batch, const Problem& p, Pass pass) {
+  ballast::Model model;
+  model.name = "bench";
+  model.layers = 1;
+  model.hidden = p.shape.heads * p.shape.head_dim;
+  model.heads = p.shape.heads;
+  model.kv_heads = p.shape.kv_heads;
+  model.ffn_hidden = model.hidden;
+  model.activation_bytes_per_token = 1;
+  ballast::Cluster cluster = ballast::emulated_cluster(model, 1, 1, 1 << 20);
+  std::vector<ballast::AttentionBlock> blocks;
+  std::vector<ballast::DocumentRange> span;
+  ballast::Tokens per_block_tiles = 0;
+  for (std::size_t d = 0; d < batch.lengths.size(); ++d) {
+    blocks.push_back(ballast::whole_document(batch.lengths[d]));
+    span.push_back({batch.ids[d], 0, batch.lengths[d]});
+    per_block_tiles += ballast::causal_tiles(blocks.back(), cluster.attention_tile_tokens);
+  }
+  const ballast::AnalyticalCostModel per_block(cluster, model);
+  cluster.attention_tiles_packed = true;
+  const ballast::AnalyticalCostModel packed(cluster, model);
+  // The emulated cluster keeps the h100 preset's curves; without them every tile runs at
+  // its flat attention_efficiency (0.8, what emulated_cluster.cpp's comment calibrates).
+  cluster.attention_forward_curve.clear();
+  cluster.attention_backward_curve.clear();
+  const ballast::AnalyticalCostModel packed_flat(cluster, model);
+  state.counters["tiles"] = static_cast<double>(attention_tile_pairs(p.span(), p.span()));
+  state.counters["tiles_model_packed"] =
+      static_cast<double>(ballast::packed_tile_pairs({span, span}, cluster.attention_tile_tokens));
+  state.counters["tiles_model_per_block"] = static_cast<double>(per_block_tiles);
+  state.counters["predicted_packed_ms"] = 1e3 * packed.attention_call_time_s({span, span}, 1, pass);
+  state.counters["predicted_per_block_ms"] = 1e3 * per_block.attention_time_s(blocks, 1, pass);
+  state.counters["predicted_packed_flat_ms"] =
+      1e3 * packed_flat.attention_call_time_s({span, span}, 1, pass);
+}
+
+void attention_forward(benchmark::State& state, const Batch& batch, int kv_heads,
+                       bool model_counters) {
+  const Problem p = make_problem(batch, kv_heads);
   AttentionAccumulator accumulator;
   std::vector<float> out(p.q_size()), lse(p.lse.size());
   for (auto _ : state) {
@@ -97,10 +175,12 @@ void attention_forward(benchmark::State& state, int documents, int length, int k
   state.counters["GFLOP/s"] =
       benchmark::Counter(p.forward_flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["pairs"] = p.pairs;
+  if (model_counters) add_model_counters(state, batch, p, Pass::forward);
 }
 
-void attention_backward(benchmark::State& state, int documents, int length, int kv_heads) {
-  const Problem p = make_problem(documents, length, kv_heads);
+void attention_backward(benchmark::State& state, const Batch& batch, int kv_heads,
+                        bool model_counters) {
+  const Problem p = make_problem(batch, kv_heads);
   std::vector<float> d_q(p.q_size()), d_k(p.kv_size()), d_v(p.kv_size()), delta(p.delta.size());
   for (auto _ : state) {
     attention_backward_delta(p.shape, p.span().count, p.out.data(), p.d_out.data(), delta.data());
@@ -116,25 +196,35 @@ void attention_backward(benchmark::State& state, int documents, int length, int 
   state.counters["GFLOP/s"] = benchmark::Counter(2.5 * p.forward_flops() * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["pairs"] = p.pairs;
+  if (model_counters) add_model_counters(state, batch, p, Pass::backward);
 }
 
 const bool registered = [] {
   benchmark::RegisterBenchmark("sgemm", sgemm)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond);
   struct Layout {
-    const char* name;
-    int documents, length;
+    std::string name;
+    Batch batch;
   };
-  for (const Layout& layout : {Layout{"causal4096", 1, 4096}, Layout{"docs64x64", 64, 64}}) {
-    for (int kv_heads : {8, 2}) {
-      const std::string suffix =
-          std::string(layout.name) + "/h8kv" + std::to_string(kv_heads) + "d64";
-      benchmark::RegisterBenchmark(("attention_forward/" + suffix).c_str(), attention_forward,
-                                   layout.documents, layout.length, kv_heads)
-          ->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark(("attention_backward/" + suffix).c_str(), attention_backward,
-                                   layout.documents, layout.length, kv_heads)
-          ->Unit(benchmark::kMillisecond);
-    }
+  const auto add = [](const std::string& name, const Batch& batch, int kv_heads, bool model) {
+    const std::string suffix = name + "/h8kv" + std::to_string(kv_heads) + "d64";
+    benchmark::RegisterBenchmark(("attention_forward/" + suffix).c_str(), attention_forward,
+                                 batch, kv_heads, model)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("attention_backward/" + suffix).c_str(), attention_backward,
+                                 batch, kv_heads, model)
+        ->Unit(benchmark::kMillisecond);
+  };
+  for (const Layout& layout : {Layout{"causal4096", uniform_batch(1, 4096)},
+                               Layout{"docs64x64", uniform_batch(64, 64)}}) {
+    for (int kv_heads : {8, 2}) add(layout.name, layout.batch, kv_heads, false);
+  }
+  // Packed batches with the tile counts and predictions (MHA).
+  for (const Layout& layout :
+       {Layout{"docs256x16", uniform_batch(256, 16)}, Layout{"docs64x64", uniform_batch(64, 64)},
+        Layout{"docs8x512", uniform_batch(8, 512)}, Layout{"mixed", mixed_batch()},
+        Layout{"docs256x16_shuffled", shuffled(uniform_batch(256, 16))},
+        Layout{"mixed_shuffled", shuffled(mixed_batch())}}) {
+    add("packed/" + layout.name, layout.batch, 8, true);
   }
   return true;
 }();
