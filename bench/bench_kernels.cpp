@@ -82,10 +82,12 @@ Batch uniform_batch(int documents, int length) {
 /// in that order (longest first, as a packing planner leaves them).
 Batch mixed_batch() {
   Batch batch;
-  for (const auto& [count, length] : {std::pair{1, 1024}, {8, 200}, {40, 30}, {128, 10}, {112, 1}}) {
+  for (const auto& [count, length] :
+       {std::pair{1, 1024}, {8, 200}, {40, 30}, {128, 10}, {112, 1}}) {
     for (int d = 0; d < count; ++d) batch.lengths.push_back(length);
   }
-  for (std::size_t d = 0; d < batch.lengths.size(); ++d) batch.ids.push_back(static_cast<std::int64_t>(d));
+  batch.ids.resize(batch.lengths.size());
+  std::iota(batch.ids.begin(), batch.ids.end(), std::int64_t{0});
   return batch;
 }
 

@@ -149,6 +149,11 @@ Seconds AnalyticalCostModel::attention_pair_floor_s(double pairs, Pass pass) con
 Seconds AnalyticalCostModel::attention_time_s(std::span<const AttentionBlock> blocks,
                                               int head_split, Pass pass) const {
   BALLAST_CHECK(head_split >= 1, "head_split must be >= 1");
+  if (cluster_.attention_tiles_packed && blocks.size() == 1) {  // the planners' hot path
+    const AttentionBlock& block = blocks.front();
+    const DocumentRange query{0, block.q_begin, block.q_end}, key{0, block.kv_begin, block.kv_end};
+    return attention_call_time_s({{&query, 1}, {&key, 1}}, head_split, pass);
+  }
   if (cluster_.attention_tiles_packed) {
     // Each block its own document, laid out in block order on both sides.
     std::vector<DocumentRange> queries, keys;
@@ -172,13 +177,16 @@ Seconds AnalyticalCostModel::attention_time_s(std::span<const AttentionBlock> bl
 
 Seconds AnalyticalCostModel::attention_call_time_s(const PackedAttentionCall& call,
                                                    int head_split, Pass pass) const {
-  if (!cluster_.attention_tiles_packed) return CostModel::attention_call_time_s(call, head_split, pass);
+  if (!cluster_.attention_tiles_packed) {
+    return CostModel::attention_call_time_s(call, head_split, pass);
+  }
   BALLAST_CHECK(head_split >= 1, "head_split must be >= 1");
   // Every allowed pair lies in a computed tile (the kernel's mask decision is
   // conservative), so the tiles' work >= the call's pairs and time * d >= the floor.
   const Tokens tiles = packed_tile_pairs(call, cluster_.attention_tile_tokens);
   if (tiles == 0) return 0.0;
-  const double effective_pairs = attention_pricing_.effective_pairs(tiles, causal_pairs(call), pass);
+  const double effective_pairs =
+      attention_pricing_.effective_pairs(tiles, causal_pairs(call), pass);
   return attention_pair_floor_s(effective_pairs, pass) / head_split;
 }
 

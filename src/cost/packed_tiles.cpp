@@ -137,6 +137,12 @@ std::vector<AttentionBlock> document_blocks(const PackedAttentionCall& call) {
 }
 
 Tokens causal_pairs(const PackedAttentionCall& call) {
+  if (call.queries.size() == 1 && call.keys.size() == 1) {  // no allocation
+    const DocumentRange& query = call.queries.front();
+    const DocumentRange& key = call.keys.front();
+    if (query.document != key.document) return 0;
+    return causal_pairs(AttentionBlock{query.begin, query.end, key.begin, key.end});
+  }
   Tokens pairs = 0;
   for (const AttentionBlock& block : document_blocks(call)) pairs += causal_pairs(block);
   return pairs;

@@ -164,7 +164,9 @@ void add_ulysses(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   if (tiles_packed(ctx)) {
     // Every member computes its heads over all the group's tokens in member order.
     std::vector<DocumentRange> all;
-    for (const auto& span : member_spans(ctx, group)) all.insert(all.end(), span.begin(), span.end());
+    for (const auto& span : member_spans(ctx, group)) {
+      all.insert(all.end(), span.begin(), span.end());
+    }
     compute_s = call_time_s(ctx.cost, all, all, size, pass);
   } else {
     compute_s = attention_time_s(ctx.cost, whole_documents(group), size, pass);
@@ -196,7 +198,9 @@ void add_all_gather(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   for (int i = 0; i < size; ++i) {
     Seconds compute_s = 0;
     if (tiles_packed(ctx)) {  // own tokens against each member's gathered KV, one call each
-      for (const auto& holder : spans) compute_s += call_time_s(ctx.cost, spans[i], holder, 1, pass);
+      for (const auto& holder : spans) {
+        compute_s += call_time_s(ctx.cost, spans[i], holder, 1, pass);
+      }
     } else {
       std::vector<AttentionBlock> blocks;
       for (const GroupChunk& c : layout.chunks[i]) {

@@ -168,7 +168,9 @@ Ranges arbitrary_span(std::mt19937_64& rng, int ranges) {
 
 std::string describe(const Ranges& ranges) {
   std::ostringstream text;
-  for (const DocumentRange& r : ranges) text << "(" << r.document << ":" << r.begin << "-" << r.end << ")";
+  for (const DocumentRange& r : ranges) {
+    text << "(" << r.document << ":" << r.begin << "-" << r.end << ")";
+  }
   return text.str();
 }
 

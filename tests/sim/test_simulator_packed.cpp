@@ -56,15 +56,17 @@ Plan one_group_per_scheme(const CostModel& cost) {
       Scheme::ring, {1, 2}, {{0, {{1, 0, 10}, {2, 10, 20}, {2, 20, 30}, {1, 30, 40}}}}));
   micro_batch.groups.push_back(testing::make_group(
       Scheme::ulysses, {3, 4}, {{4, {{3, 0, 45}, {4, 45, 90}}}, {5, {{3, 0, 20}, {4, 20, 50}}}}));
-  micro_batch.groups.push_back(testing::make_group(
-      Scheme::all_gather, {5, 6}, {{6, {{5, 0, 35}, {6, 35, 70}}}, {7, {{5, 0, 15}, {6, 15, 30}}}}));
+  micro_batch.groups.push_back(
+      testing::make_group(Scheme::all_gather, {5, 6},
+                          {{6, {{5, 0, 35}, {6, 35, 70}}}, {7, {{5, 0, 15}, {6, 15, 30}}}}));
   plan.micro_batches.push_back(micro_batch);
   return plan;
 }
 
 TEST(SimulatorPacked, AttentionTasksAreTheRuntimesCalls) {
   const AnalyticalCostModel cost(packed_cluster(), model_preset("llama-7b"));
-  const SimulationReport report = simulate(one_group_per_scheme(cost), cost, {.record_trace = true});
+  const SimulationReport report =
+      simulate(one_group_per_scheme(cost), cost, {.record_trace = true});
   EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
   const auto call = [&](const Ranges& queries, const Ranges& keys, int head_split, Pass pass) {
     return cost.attention_call_time_s({queries, keys}, head_split, pass);
@@ -102,7 +104,8 @@ TEST(SimulatorPacked, PerBlockClusterIsUnchanged) {
   Cluster cluster = packed_cluster();
   cluster.attention_tiles_packed = false;
   const AnalyticalCostModel cost(cluster, model_preset("llama-7b"));
-  const SimulationReport report = simulate(one_group_per_scheme(cost), cost, {.record_trace = true});
+  const SimulationReport report =
+      simulate(one_group_per_scheme(cost), cost, {.record_trace = true});
   const std::vector<AttentionBlock> local = {whole_document(100), whole_document(16),
                                              whole_document(40)};
   expect_near(durations(report, 0, "attention fwd local"),
