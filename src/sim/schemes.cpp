@@ -68,18 +68,20 @@ Seconds attention_time_s(const CostModel& cost, const std::vector<AttentionBlock
 /// runtime kernel's document ids). Read on a packed cluster only.
 std::vector<std::vector<DocumentRange>> member_spans(const BuildContext& ctx,
                                                      const AttentionGroup& group) {
+  std::map<int, std::size_t> position_of_rank;
+  for (std::size_t i = 0; i < group.ranks.size(); ++i) position_of_rank[group.ranks[i]] = i;
   std::vector<std::vector<DocumentRange>> spans(group.ranks.size());
-  for (std::size_t i = 0; i < group.ranks.size(); ++i) {
-    for (const SequenceChunks& sequence : group.sequences) {
-      const auto id = static_cast<std::size_t>(sequence.sequence_id);
-      BALLAST_CHECK(id < ctx.sequence_lengths_tokens.size(),
-                    "a validated plan has a length for every sequence id");
-      const Tokens length = ctx.sequence_lengths_tokens[id];
-      for (const Chunk& chunk : sequence.chunks) {
-        const Tokens end = std::min(chunk.end_tokens, length);
-        if (chunk.rank == group.ranks[i] && chunk.begin_tokens < end) {
-          spans[i].push_back({sequence.sequence_id, chunk.begin_tokens, end});
-        }
+  for (const SequenceChunks& sequence : group.sequences) {
+    const auto id = static_cast<std::size_t>(sequence.sequence_id);
+    BALLAST_CHECK(id < ctx.sequence_lengths_tokens.size(),
+                  "a validated plan has a length for every sequence id");
+    const Tokens length = ctx.sequence_lengths_tokens[id];
+    for (const Chunk& chunk : sequence.chunks) {
+      const Tokens end = std::min(chunk.end_tokens, length);
+      const auto it = position_of_rank.find(chunk.rank);
+      BALLAST_CHECK(it != position_of_rank.end(), "a validated plan has chunks on group ranks");
+      if (chunk.begin_tokens < end) {
+        spans[it->second].push_back({sequence.sequence_id, chunk.begin_tokens, end});
       }
     }
   }
