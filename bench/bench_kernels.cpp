@@ -2,7 +2,8 @@
 // attention forward and backward on one causal 4096-token document and on a pack of 64
 // documents of 64 tokens, 8 heads x 64 (MHA and GQA 8/2). Figures: docs/runtime-kernels.md.
 // Packed batches of short documents (packed/...: 256 x 16, 64 x 64, 8 x 512 tokens, a
-// mix; "shuffled": document ids not in span order, as plans leave sequence ids) also report
+// mix; "shuffled": document ids not in span order, as sequence ids in a planner's order
+// were before the plan engine numbered a group's documents by index) also report
 // the tile pairs the kernel computes and the emulated cluster's predictions (analytical
 // cost model, per-block and packed tiles: docs/cost-model.md, "Packed tiles").
 // Run: OPENBLAS_NUM_THREADS=1 build/bench/bench_kernels [--benchmark_format=json]; on a CPU

@@ -63,15 +63,17 @@ Seconds attention_time_s(const CostModel& cost, const std::vector<AttentionBlock
 }
 
 /// Each member's tokens of the group as ballast's runtime packs them for its attention
-/// calls (PlanAttentionEngine::group_tokens): its chunks in group.sequences order, each
-/// sequence's in chunk order, padding dropped, documents named by sequence id (the
-/// runtime kernel's document ids). Read on a packed cluster only.
+/// calls (PlanAttentionEngine::group_tokens, members_of): its chunks in group.sequences
+/// order, each sequence's in chunk order, padding dropped, a sequence's document id its
+/// index in group.sequences (as the runtime numbers them for the kernel). Read on a
+/// packed cluster only.
 std::vector<std::vector<DocumentRange>> member_spans(const BuildContext& ctx,
                                                      const AttentionGroup& group) {
   std::map<int, std::size_t> position_of_rank;
   for (std::size_t i = 0; i < group.ranks.size(); ++i) position_of_rank[group.ranks[i]] = i;
   std::vector<std::vector<DocumentRange>> spans(group.ranks.size());
-  for (const SequenceChunks& sequence : group.sequences) {
+  for (std::size_t s = 0; s < group.sequences.size(); ++s) {
+    const SequenceChunks& sequence = group.sequences[s];
     const auto id = static_cast<std::size_t>(sequence.sequence_id);
     BALLAST_CHECK(id < ctx.sequence_lengths_tokens.size(),
                   "a validated plan has a length for every sequence id");
@@ -81,7 +83,7 @@ std::vector<std::vector<DocumentRange>> member_spans(const BuildContext& ctx,
       const auto it = position_of_rank.find(chunk.rank);
       BALLAST_CHECK(it != position_of_rank.end(), "a validated plan has chunks on group ranks");
       if (chunk.begin_tokens < end) {
-        spans[it->second].push_back({sequence.sequence_id, chunk.begin_tokens, end});
+        spans[it->second].push_back({static_cast<std::int64_t>(s), chunk.begin_tokens, end});
       }
     }
   }

@@ -45,20 +45,23 @@ Cluster packed_cluster() {
   return cluster;
 }
 
-/// One group of each scheme. Sequence ids in the local group's order 3, 1, 2 (not
-/// sorted: the runtime's document ids are sequence ids); the ring's sequence is padded.
+/// One group of each scheme. The first local group's sequence ids 0, 9, 5 are not in
+/// group order: the runtime numbers a group's documents by their index in it (0, 1, 2).
+/// The ring's sequence is padded (37 tokens to 40).
 Plan one_group_per_scheme(const CostModel& cost) {
-  Plan plan = testing::empty_plan(cost, {37, 16, 40, 100, 90, 50, 70, 30});
+  Plan plan = testing::empty_plan(cost, {60, 37, 90, 50, 70, 100, 30, 20, 12, 8});
   MicroBatch micro_batch;
   micro_batch.groups.push_back(testing::make_group(
-      Scheme::local, {0}, {{3, {{0, 0, 100}}}, {1, {{0, 0, 16}}}, {2, {{0, 0, 40}}}}));
+      Scheme::local, {0}, {{0, {{0, 0, 60}}}, {9, {{0, 0, 8}}}, {5, {{0, 0, 100}}}}));
   micro_batch.groups.push_back(testing::make_group(
-      Scheme::ring, {1, 2}, {{0, {{1, 0, 10}, {2, 10, 20}, {2, 20, 30}, {1, 30, 40}}}}));
+      Scheme::ring, {1, 2}, {{1, {{1, 0, 10}, {2, 10, 20}, {2, 20, 30}, {1, 30, 40}}}}));
   micro_batch.groups.push_back(testing::make_group(
-      Scheme::ulysses, {3, 4}, {{4, {{3, 0, 45}, {4, 45, 90}}}, {5, {{3, 0, 20}, {4, 20, 50}}}}));
+      Scheme::ulysses, {3, 4}, {{2, {{3, 0, 45}, {4, 45, 90}}}, {3, {{3, 0, 20}, {4, 20, 50}}}}));
   micro_batch.groups.push_back(
       testing::make_group(Scheme::all_gather, {5, 6},
-                          {{6, {{5, 0, 35}, {6, 35, 70}}}, {7, {{5, 0, 15}, {6, 15, 30}}}}));
+                          {{4, {{5, 0, 35}, {6, 35, 70}}}, {6, {{5, 0, 15}, {6, 15, 30}}}}));
+  micro_batch.groups.push_back(
+      testing::make_group(Scheme::local, {7}, {{8, {{7, 0, 12}}}, {7, {{7, 0, 20}}}}));
   plan.micro_batches.push_back(micro_batch);
   return plan;
 }
@@ -74,28 +77,31 @@ TEST(SimulatorPacked, AttentionTasksAreTheRuntimesCalls) {
   for (Pass pass : {Pass::forward, Pass::backward}) {
     const std::string p = pass == Pass::forward ? "fwd" : "bwd";
     SCOPED_TRACE(p);
-    // Local: the rank's sequences in group order, one call.
-    const Ranges local = {{3, 0, 100}, {1, 0, 16}, {2, 0, 40}};
+    // Local: the rank's sequences in group order, one call. Named by sequence id, tile 2
+    // (id 5) would meet tile 0 (ids 0 and 9) and be computed: the labels matter.
+    const Ranges local = {{0, 0, 60}, {1, 0, 8}, {2, 0, 100}};
+    const Ranges by_sequence_id = {{0, 0, 60}, {9, 0, 8}, {5, 0, 100}};
     expect_near(durations(report, 0, "attention " + p + " local"),
-              std::vector<Seconds>{call(local, local, 1, pass)});
+                std::vector<Seconds>{call(local, local, 1, pass)});
+    EXPECT_LT(call(local, local, 1, pass), call(by_sequence_id, by_sequence_id, 1, pass));
     // Ring: own chunks against the visiting owner's, padding (37..40) dropped.
     const Ranges rank1 = {{0, 0, 10}, {0, 30, 37}}, rank2 = {{0, 10, 20}, {0, 20, 30}};
     expect_near(durations(report, 1, "attention " + p + " ring g2 step 0"),
-              std::vector<Seconds>{call(rank1, rank1, 1, pass)});
+                std::vector<Seconds>{call(rank1, rank1, 1, pass)});
     expect_near(durations(report, 1, "attention " + p + " ring g2 step 1"),
-              std::vector<Seconds>{call(rank1, rank2, 1, pass)});
+                std::vector<Seconds>{call(rank1, rank2, 1, pass)});
     expect_near(durations(report, 2, "attention " + p + " ring g2 step 1"),
-              std::vector<Seconds>{call(rank2, rank1, 1, pass)});
+                std::vector<Seconds>{call(rank2, rank1, 1, pass)});
     // Ulysses: all the group's tokens in member order, half the heads on each member.
-    const Ranges all = {{4, 0, 45}, {5, 0, 20}, {4, 45, 90}, {5, 20, 50}};
+    const Ranges all = {{0, 0, 45}, {1, 0, 20}, {0, 45, 90}, {1, 20, 50}};
     for (int rank : {3, 4}) {
       expect_near(durations(report, rank, "attention " + p + " ulysses g2"),
-                std::vector<Seconds>{call(all, all, 2, pass)});
+                  std::vector<Seconds>{call(all, all, 2, pass)});
     }
     // All-gather: own tokens against each member's, one call per member.
-    const Ranges rank5 = {{6, 0, 35}, {7, 0, 15}}, rank6 = {{6, 35, 70}, {7, 15, 30}};
+    const Ranges rank5 = {{0, 0, 35}, {1, 0, 15}}, rank6 = {{0, 35, 70}, {1, 15, 30}};
     expect_near(durations(report, 6, "attention " + p + " all-gather g2"),
-              std::vector<Seconds>{call(rank6, rank5, 1, pass) + call(rank6, rank6, 1, pass)});
+                std::vector<Seconds>{call(rank6, rank5, 1, pass) + call(rank6, rank6, 1, pass)});
   }
 }
 
@@ -106,17 +112,17 @@ TEST(SimulatorPacked, PerBlockClusterIsUnchanged) {
   const AnalyticalCostModel cost(cluster, model_preset("llama-7b"));
   const SimulationReport report =
       simulate(one_group_per_scheme(cost), cost, {.record_trace = true});
-  const std::vector<AttentionBlock> local = {whole_document(100), whole_document(16),
-                                             whole_document(40)};
+  const std::vector<AttentionBlock> local = {whole_document(60), whole_document(8),
+                                             whole_document(100)};
   expect_near(durations(report, 0, "attention fwd local"),
-            std::vector<Seconds>{cost.attention_time_s(local, 1, Pass::forward)});
+              std::vector<Seconds>{cost.attention_time_s(local, 1, Pass::forward)});
   const std::vector<AttentionBlock> ulysses = {whole_document(90), whole_document(50)};
   expect_near(durations(report, 3, "attention fwd ulysses g2"),
-            std::vector<Seconds>{cost.attention_time_s(ulysses, 2, Pass::forward)});
+              std::vector<Seconds>{cost.attention_time_s(ulysses, 2, Pass::forward)});
   const std::vector<AttentionBlock> ring_step = {{0, 10, 0, 10}, {30, 40, 0, 10},
                                                  {30, 40, 30, 40}};
   expect_near(durations(report, 1, "attention fwd ring g2 step 0"),
-            std::vector<Seconds>{cost.attention_time_s(ring_step, 1, Pass::forward)});
+              std::vector<Seconds>{cost.attention_time_s(ring_step, 1, Pass::forward)});
 }
 
 }  // namespace
