@@ -97,10 +97,11 @@ class AttentionTilePricing {
   /// best / efficiency(L). Always >= causal_pairs(block). No allocation; one log, one
   /// square root off the diagonal, a scan of the points.
   double effective_pairs(const AttentionBlock& block, Pass pass) const;
-  /// The same for `tiles` tiles of a call holding `causal_pairs` pairs, priced at the
-  /// efficiency of the call's equivalent causal length (packed tiles). >= causal_pairs
-  /// when every pair lies in one of the tiles.
-  double effective_pairs(Tokens tiles, Tokens causal_pairs, Pass pass) const;
+  /// A packed call's work: its `tiles` tiles at the efficiency its per-document `blocks`
+  /// get on average per block (the blocks' effective pairs x tiles / their own tiles; a
+  /// call tiled as its blocks are costs exactly their sum). Every efficiency is at most
+  /// the best, so the result is >= tiles x T^2 >= the call's pairs.
+  double effective_pairs(Tokens tiles, std::span<const AttentionBlock> blocks, Pass pass) const;
   /// The best tile efficiency of the pass (every block is priced at or below it).
   double best_tile_efficiency(Pass pass) const;
 

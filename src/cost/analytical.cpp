@@ -1,7 +1,7 @@
 // AnalyticalCostModel: roofline times from Cluster + Model, with causal attention
 // quantised to the square tiles attention kernels compute (per block, or over a call's
-// packed spans) and priced at the efficiency of its pass's curve at the block's (call's)
-// equivalent length (AttentionTilePricing).
+// packed spans) and priced at the efficiency of its pass's curve at the block's
+// equivalent length (a packed call: its blocks' mean; AttentionTilePricing).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -119,17 +119,29 @@ double AttentionTilePricing::effective_pairs(const AttentionBlock& block, Pass p
   return tile_work * (curve.best / std::min(efficiency, curve.best));
 }
 
-double AttentionTilePricing::effective_pairs(Tokens tiles, Tokens causal_pairs, Pass pass) const {
+double AttentionTilePricing::effective_pairs(Tokens tiles, std::span<const AttentionBlock> blocks,
+                                             Pass pass) const {
   if (tiles == 0) return 0.0;
   const double tile_work = static_cast<double>(tiles) * static_cast<double>(tile_tokens_) *
                            static_cast<double>(tile_tokens_);
   const Table& curve = table(pass);
-  if (curve.tokens.empty()) return tile_work;
-  // The curves were measured on single documents; a call of many short documents is
-  // priced as one document with as many causal pairs (an assumption: docs/cost-model.md).
-  const double efficiency =
-      tile_efficiency(curve, equivalent_causal_length(static_cast<double>(causal_pairs)));
-  return tile_work * (curve.best / std::min(efficiency, curve.best));
+  if (curve.tokens.empty()) return tile_work;  // flat: every tile at the best efficiency
+  // The blocks' own tiles at their efficiencies (per-block pricing), rescaled to the tiles
+  // the kernel computes: a batch of L-token documents (how a curve point is measured on
+  // the runtime, `ballast calibrate --host`) runs at the point's efficiency either way.
+  Tokens block_tiles = 0;
+  double block_pairs = 0;
+  for (const AttentionBlock& block : blocks) {
+    block_tiles += causal_tiles(block, tile_tokens_);
+    block_pairs += effective_pairs(block, pass);
+  }
+  if (block_tiles == tiles) return block_pairs;  // nothing shared: the per-block price
+  if (block_tiles == 0) {  // masked tiles only: at the shortest documents' efficiency
+    return tile_work * (curve.best / std::min(curve.tile_efficiency.front(), curve.best));
+  }
+  const double block_work = static_cast<double>(block_tiles) *
+                            static_cast<double>(tile_tokens_) * static_cast<double>(tile_tokens_);
+  return tile_work * (block_pairs / block_work);
 }
 
 double AttentionTilePricing::best_tile_efficiency(Pass pass) const { return table(pass).best; }
@@ -185,8 +197,15 @@ Seconds AnalyticalCostModel::attention_call_time_s(const PackedAttentionCall& ca
   // conservative), so the tiles' work >= the call's pairs and time * d >= the floor.
   const Tokens tiles = packed_tile_pairs(call, cluster_.attention_tile_tokens);
   if (tiles == 0) return 0.0;
-  const double effective_pairs =
-      attention_pricing_.effective_pairs(tiles, causal_pairs(call), pass);
+  double effective_pairs = 0;
+  if (call.queries.size() == 1 && call.keys.size() == 1) {  // one block, no allocation
+    const DocumentRange& query = call.queries.front();
+    const DocumentRange& key = call.keys.front();
+    const AttentionBlock block{query.begin, query.end, key.begin, key.end};
+    effective_pairs = attention_pricing_.effective_pairs(tiles, {&block, 1}, pass);
+  } else {
+    effective_pairs = attention_pricing_.effective_pairs(tiles, document_blocks(call), pass);
+  }
   return attention_pair_floor_s(effective_pairs, pass) / head_split;
 }
 

@@ -345,6 +345,40 @@ TEST(PackedPricing, OneWholeDocumentCostsWhatItCostsPerBlock) {
   }
 }
 
+TEST(PackedPricing, UnsharedTilesCostThePerBlockPrice) {
+  // Documents of whole tiles share none: a call costs what its blocks cost per block, so a
+  // batch of L-token documents (a curve point as `ballast calibrate --host` measures it)
+  // runs at the point's efficiency in both modes.
+  Cluster per_block = packed_cluster(true);
+  per_block.attention_tiles_packed = false;
+  const AnalyticalCostModel packed(packed_cluster(true), model_preset("llama-7b"));
+  const AnalyticalCostModel blocks(per_block, model_preset("llama-7b"));
+  for (Tokens length : {64, 128, 512, 2048}) {
+    const std::vector<AttentionBlock> documents(static_cast<std::size_t>(4096 / length),
+                                                whole_document(length));
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      EXPECT_EQ(packed.attention_time_s(documents, 1, pass),
+                blocks.attention_time_s(documents, 1, pass))
+          << length;
+    }
+  }
+}
+
+TEST(PackedPricing, SharedTilesAtTheBlocksMeanEfficiency) {
+  // 256 x 16 tokens: 64 shared tiles at the efficiency each 16-token document gets per
+  // block (the curves' first point), a quarter of the per-block price.
+  Cluster per_block = packed_cluster(true);
+  per_block.attention_tiles_packed = false;
+  const AnalyticalCostModel packed(packed_cluster(true), model_preset("llama-7b"));
+  const AnalyticalCostModel blocks(per_block, model_preset("llama-7b"));
+  const std::vector<AttentionBlock> documents(256, whole_document(16));
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    EXPECT_NEAR(packed.attention_time_s(documents, 1, pass) * 4,
+                blocks.attention_time_s(documents, 1, pass),
+                1e-12 * blocks.attention_time_s(documents, 1, pass));
+  }
+}
+
 TEST(PackedPricing, ShortDocumentsCostLessThanPerBlock) {
   Cluster per_block = packed_cluster(false);
   per_block.attention_tiles_packed = false;
