@@ -355,6 +355,7 @@ HostCalibration calibrate_host(const runtime::ModelConfig& model, MPI_Comm comm)
   cluster.peak_flops_per_s = peak;
   cluster.matmul_efficiency = matmul_efficiency;
   cluster.attention_tile_tokens = 64;  // the runtime kernel's kQueryTile and kKeyTile
+  cluster.attention_tiles_packed = true;  // the kernel tiles a call's packed span (cost-model.md)
   cluster.attention_efficiency = 1.0;  // replaced by the curves below
   cluster.intra_node_bus_bw_bytes_per_s = kUnmeasuredBandwidthBytesPerS;
   cluster.intra_node_p2p_bw_bytes_per_s = kUnmeasuredBandwidthBytesPerS;
