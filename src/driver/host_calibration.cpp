@@ -83,12 +83,6 @@ double max_over_ranks(double value, MPI_Comm comm) {
   return worst;
 }
 
-void broadcast_string(std::string& text, MPI_Comm comm) {
-  long long size = static_cast<long long>(text.size());
-  check_mpi(MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, comm), "MPI_Bcast");
-  text.resize(static_cast<std::size_t>(size));
-  check_mpi(MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, comm), "MPI_Bcast");
-}
 
 std::string cpu_model() {
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -230,6 +224,13 @@ std::string size_in_words(Bytes bytes) {
 }
 
 }  // namespace
+
+void broadcast_string(std::string& text, MPI_Comm comm) {
+  long long size = static_cast<long long>(text.size());
+  check_mpi(MPI_Bcast(&size, 1, MPI_LONG_LONG, 0, comm), "MPI_Bcast");
+  text.resize(static_cast<std::size_t>(size));
+  check_mpi(MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, 0, comm), "MPI_Bcast");
+}
 
 std::string model_shape(const runtime::ModelConfig& model) {
   return fmt::format("hidden {}, layers {}, heads {}, kv heads {}, ffn {}, vocab {}, {}", model.hidden,

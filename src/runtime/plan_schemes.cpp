@@ -184,17 +184,16 @@ float* block_of(std::vector<float>& buffer, const std::vector<std::size_t>& offs
 
 }  // namespace
 
-void PlanAttentionEngine::all_gather_forward(const AttentionShape& shape, GroupState& state,
-                                             const float* q, const float* k, const float* v,
-                                             float* out, float* lse) {
+std::size_t PlanAttentionEngine::post_kv_gather(const AttentionShape& shape, GroupState& state,
+                                                const float* k, const float* v, int phase) {
   const AttentionGroup& group = *state.group;
   const int group_size = static_cast<int>(group.ranks.size());
   const int kv_width = shape.kv_heads * shape.head_dim;
-  const std::size_t own_kv_floats = rows(state.count, kv_width);
-  state.gathered.resize(block_layout(state.members, kv_width, state.block_offsets));
+  const std::size_t total = block_layout(state.members, kv_width, state.block_offsets);
+  state.gathered.resize(total);
   float* own_block = block_of(state.gathered, state.block_offsets, state.position);
-  copy_kv_block(k, v, own_kv_floats, own_block);
-  const int tag = tag_of(state.group_index, kForward);
+  copy_kv_block(k, v, rows(state.count, kv_width), own_block);
+  const int tag = tag_of(state.group_index, phase);
   for (int member = 0; member < group_size; ++member) {
     if (member == state.position) continue;
     post_receive(block_of(state.gathered, state.block_offsets, member),
@@ -203,9 +202,19 @@ void PlanAttentionEngine::all_gather_forward(const AttentionShape& shape, GroupS
   }
   for (int member = 0; member < group_size; ++member) {
     if (member == state.position) continue;
-    post_send(own_block, 2 * own_kv_floats, group.ranks[static_cast<std::size_t>(member)], tag,
-              state.requests);
+    post_send(own_block, 2 * rows(state.count, kv_width),
+              group.ranks[static_cast<std::size_t>(member)], tag, state.requests);
   }
+  return total;
+}
+
+void PlanAttentionEngine::all_gather_forward(const AttentionShape& shape, GroupState& state,
+                                             const float* q, const float* k, const float* v,
+                                             float* out, float* lse) {
+  const AttentionGroup& group = *state.group;
+  const int group_size = static_cast<int>(group.ranks.size());
+  const int kv_width = shape.kv_heads * shape.head_dim;
+  post_kv_gather(shape, state, k, v, kForward);
   // This rank's own block while the others arrive, then the others in member order.
   const TokenTiles& own = at_position(state.tiles, state.position);
   state.accumulator.reset(state.count, shape);
@@ -234,23 +243,8 @@ void PlanAttentionEngine::all_gather_backward(const AttentionShape& shape, Group
   const auto position = static_cast<std::size_t>(state.position);
   // Gather KV again (as LLaMA-3 CP does); partials[m] = [dK | dV] of member m's tokens from
   // this rank's queries, in the gathered layout.
-  const std::size_t total = block_layout(state.members, kv_width, state.block_offsets);
-  state.gathered.resize(total);
+  const std::size_t total = post_kv_gather(shape, state, k, v, kBackward);
   state.partials.assign(total, 0.0f);
-  float* own_block = block_of(state.gathered, state.block_offsets, state.position);
-  copy_kv_block(k, v, own_kv_floats, own_block);
-  const int tag = tag_of(state.group_index, kBackward);
-  for (int member = 0; member < group_size; ++member) {
-    if (member == state.position) continue;
-    post_receive(block_of(state.gathered, state.block_offsets, member),
-                 2 * rows(state.members[static_cast<std::size_t>(member)].size(), kv_width),
-                 group.ranks[static_cast<std::size_t>(member)], tag, state.requests);
-  }
-  for (int member = 0; member < group_size; ++member) {
-    if (member == state.position) continue;
-    post_send(own_block, 2 * own_kv_floats, group.ranks[static_cast<std::size_t>(member)], tag,
-              state.requests);
-  }
   const TokenTiles& own = state.tiles[position];
   const auto backward_block = [&](int member, const float* block_k, const float* block_v) {
     float* partial = block_of(state.partials, state.block_offsets, member);

@@ -334,15 +334,18 @@ int run_run(const RunArgs& args) {
     setup_code = kExitInternal;
     setup_error = fmt::format("internal error (please report): {}", error.what());
   }
-  int job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
-  if (job_code != 0) {
-    check_mpi(MPI_Finalize(), "MPI_Finalize");
-    return job_code;
-  }
+  // Collective: whether any rank failed so far; if so MPI is finalized and job_code holds
+  // the worst code, which every rank returns.
+  int job_code = 0;
+  const auto agreed_failure = [&] {
+    job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
+    if (job_code != 0) check_mpi(MPI_Finalize(), "MPI_Finalize");
+    return job_code != 0;
+  };
+  if (agreed_failure()) return job_code;
   // Rank 0 decided; measure here when needed (every rank), then every rank takes rank 0's.
   int measure = host.measure ? 1 : 0;
   check_mpi(MPI_Bcast(&measure, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast");
-  std::string calibration_note;
   if (measure != 0) {
     driver::HostCalibration calibration;
     try {  // every rank fits the same reductions: all fail or none
@@ -351,11 +354,7 @@ int run_run(const RunArgs& args) {
       setup_code = kExitBadInput;
       setup_error = fmt::format("calibrating this host: {}", error.what());
     }
-    job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
-    if (job_code != 0) {
-      check_mpi(MPI_Finalize(), "MPI_Finalize");
-      return job_code;
-    }
+    if (agreed_failure()) return job_code;
     host.cluster = calibration.cluster;
     if (rank == 0) {
       try {
@@ -367,11 +366,7 @@ int run_run(const RunArgs& args) {
     }
   }
   std::string cluster_text = rank == 0 ? to_json(host.cluster).dump() : std::string();
-  long long cluster_size = static_cast<long long>(cluster_text.size());
-  check_mpi(MPI_Bcast(&cluster_size, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD), "MPI_Bcast");
-  cluster_text.resize(static_cast<std::size_t>(cluster_size));
-  check_mpi(MPI_Bcast(cluster_text.data(), static_cast<int>(cluster_size), MPI_CHAR, 0, MPI_COMM_WORLD),
-            "MPI_Bcast");
+  driver::broadcast_string(cluster_text, MPI_COMM_WORLD);
   try {
     options.host = cluster_from_json(nlohmann::json::parse(cluster_text), "the host calibration");
     options.host_source = host.source;
@@ -402,11 +397,7 @@ int run_run(const RunArgs& args) {
     setup_code = kExitInternal;
     setup_error = fmt::format("internal error (please report): {}", error.what());
   }
-  job_code = agree_on_setup(setup_code, setup_error, rank, ranks);
-  if (job_code != 0) {
-    check_mpi(MPI_Finalize(), "MPI_Finalize");
-    return job_code;
-  }
+  if (agreed_failure()) return job_code;
   try {
     std::vector<driver::RunReport> reports;
     for (auto& [run_options, prepared_run] : runs) {

@@ -62,6 +62,9 @@ void check_host_calibration(const Cluster& cluster, const HostRecord& here,
 /// the rank count, the BLAS threads and the model shape.
 std::string host_calibration_cache_path(const HostRecord& here);
 
+/// Rank 0's `text` on every rank of `comm` (collective).
+void broadcast_string(std::string& text, MPI_Comm comm);
+
 /// Writes `cluster` as JSON to `path` atomically (a temporary file renamed into place), so
 /// concurrent jobs never read half a file; creates the directory. Throws InputError naming
 /// the path when it cannot.

@@ -118,6 +118,11 @@ class PlanAttentionEngine final : public AttentionEngine {
   void ring_backward(const AttentionShape& shape, GroupState& state, const float* q,
                      const float* k, const float* v, const float* d_out, const float* lse,
                      const float* delta, float* d_q, float* d_k, float* d_v);
+  /// An all-gather group's KV exchange of `phase` posted (this rank's block copied into
+  /// state.gathered, every other member's block received into its place); returns the
+  /// gathered floats. The caller computes, then waits on state.requests.
+  std::size_t post_kv_gather(const AttentionShape& shape, GroupState& state, const float* k,
+                             const float* v, int phase);
   void all_gather_forward(const AttentionShape& shape, GroupState& state, const float* q,
                           const float* k, const float* v, float* out, float* lse);
   void all_gather_backward(const AttentionShape& shape, GroupState& state, const float* q,
