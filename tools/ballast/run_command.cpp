@@ -317,23 +317,35 @@ int run_run(const RunArgs& args) {
   const HostRecord here = driver::current_host(options.model, MPI_COMM_WORLD);
   HostResolution host;
   std::vector<std::pair<driver::RunOptions, driver::PreparedRun>> runs;
-  try {
+  // Runs a set-up stage, recording its failure (the ranks agree on it afterwards).
+  const auto guarded = [&](const auto& stage) {
+    try {
+      stage();
+    } catch (const InputError& error) {
+      setup_code = kExitBadInput;
+      setup_error = error.what();
+    } catch (const std::exception& error) {
+      setup_code = kExitInternal;
+      setup_error = fmt::format("internal error (please report): {}", error.what());
+    }
+  };
+  guarded([&] {
     format = parse_format(args.output.format);
     if (format == Format::csv) throw InputError("ballast run prints text or json; use --format text or json");
     reject_flags_without_effect(args);
     options.model.check();
+    options.settings.steps = args.workload.steps.value_or(1);
+    apply_workload_flags(args.workload, options.settings);
+    if (!args.workload.tokens_per_step && !args.workload.batch_size) {
+      // Default budget: half of the job's memory, in the dataset's own (unscaled) tokens.
+      options.settings.sampler.tokens_per_step = options.rank_tokens * ranks / 2 * options.length_scale;
+    }
     if (!options.plan_path.empty()) {
       // Plan files are checked against the job before anything is measured.
       prepared = driver::prepare_run(options, ranks);
     }
     if (rank == 0) host = read_host_calibration(args, here);
-  } catch (const InputError& error) {
-    setup_code = kExitBadInput;
-    setup_error = error.what();
-  } catch (const std::exception& error) {
-    setup_code = kExitInternal;
-    setup_error = fmt::format("internal error (please report): {}", error.what());
-  }
+  });
   // Collective: whether any rank failed so far; if so MPI is finalized and job_code holds
   // the worst code, which every rank returns.
   int job_code = 0;
@@ -367,16 +379,9 @@ int run_run(const RunArgs& args) {
   }
   std::string cluster_text = rank == 0 ? to_json(host.cluster).dump() : std::string();
   driver::broadcast_string(cluster_text, MPI_COMM_WORLD);
-  try {
+  guarded([&] {
     options.host = cluster_from_json(nlohmann::json::parse(cluster_text), "the host calibration");
     options.host_source = host.source;
-    options.record_trace = !args.trace_path.empty();
-    options.settings.steps = args.workload.steps.value_or(1);
-    apply_workload_flags(args.workload, options.settings);
-    if (!args.workload.tokens_per_step && !args.workload.batch_size) {
-      // Default budget: half of the job's memory, in the dataset's own (unscaled) tokens.
-      options.settings.sampler.tokens_per_step = options.rank_tokens * ranks / 2 * options.length_scale;
-    }
     if (prepared) {
       runs.push_back({options, std::move(*prepared)});
     } else {
@@ -390,13 +395,7 @@ int run_run(const RunArgs& args) {
         runs.push_back({std::move(strategy_options), std::move(strategy_run)});
       }
     }
-  } catch (const InputError& error) {
-    setup_code = kExitBadInput;
-    setup_error = error.what();
-  } catch (const std::exception& error) {
-    setup_code = kExitInternal;
-    setup_error = fmt::format("internal error (please report): {}", error.what());
-  }
+  });
   if (agreed_failure()) return job_code;
   try {
     std::vector<driver::RunReport> reports;
