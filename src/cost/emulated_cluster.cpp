@@ -19,8 +19,10 @@ Cluster emulated_cluster(const Model& model, int ranks, int gpus_per_node, Token
   }
   cluster.name = fmt::format("emulated-{}x{}", ranks / per_node, per_node);
   cluster.gpu_name = "CPU core (one process)";
-  // Calibrated to this runtime on one core (`OPENBLAS_NUM_THREADS=1 build/bench/bench_kernels`,
-  // docs/runtime.md): sgemm ~28 GFLOP/s is the peak; the blocked attention reaches ~80% of
+  // Fixed estimates, what ballast.torch's gloo processes plan with (`ballast run` replaces
+  // them by this host's measurements: the overload below, `ballast calibrate --host`). Taken
+  // from an earlier machine whose OpenBLAS fell back to SSE3 kernels (`OPENBLAS_NUM_THREADS=1
+  // build/bench/bench_kernels`, docs/runtime.md): sgemm ~28 GFLOP/s is the peak; the blocked attention reaches ~80% of
   // it on long documents and works in 64-token tiles (64-token documents reach ~9 GFLOP/s);
   // the model's thin GEMMs (hidden 64) run at about half the ceiling (estimate). Links are
   // Open MPI's shared memory between processes of one machine (estimate: ~5 GB/s, 2 us),
