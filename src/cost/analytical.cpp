@@ -14,6 +14,9 @@ namespace ballast {
 namespace {
 
 // Linear layers: backward computes input and weight gradients, 2x the forward GEMMs.
+/// Packed calls (several ranges) longer than this are priced per document block: 2^22
+/// tokens is 40x the longest call `ballast run` makes, and counting is O(tiles).
+constexpr Tokens kMaxPackedCallTokens = Tokens{1} << 22;
 constexpr double kLinearBackwardFactor = 2.0;
 
 double attention_pass_factor(Pass pass) {
@@ -193,6 +196,22 @@ Seconds AnalyticalCostModel::attention_call_time_s(const PackedAttentionCall& ca
     return CostModel::attention_call_time_s(call, head_split, pass);
   }
   BALLAST_CHECK(head_split >= 1, "head_split must be >= 1");
+  if (call.queries.size() > 1 || call.keys.size() > 1) {
+    // Counting a call's packed tiles takes O(its tiles); the runtime's calls hold at most
+    // ~10^5 tokens. A longer one (a planner probing a 2^28-token ring step) shares
+    // nothing worth counting: its document blocks are priced on their own tiles, which
+    // is >= what packing would charge and >= the floor.
+    Tokens tokens = 0;
+    for (const DocumentRange& range : call.queries) tokens += range.end - range.begin;
+    for (const DocumentRange& range : call.keys) tokens += range.end - range.begin;
+    if (tokens > kMaxPackedCallTokens) {
+      double effective_pairs = 0;
+      for (const AttentionBlock& block : document_blocks(call)) {
+        effective_pairs += attention_pricing_.effective_pairs(block, pass);
+      }
+      return attention_pair_floor_s(effective_pairs, pass) / head_split;
+    }
+  }
   // Every allowed pair lies in a computed tile (the kernel's mask decision is
   // conservative), so the tiles' work >= the call's pairs and time * d >= the floor.
   const Tokens tiles = packed_tile_pairs(call, cluster_.attention_tile_tokens);

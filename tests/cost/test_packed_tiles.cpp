@@ -364,6 +364,20 @@ TEST(PackedPricing, UnsharedTilesCostThePerBlockPrice) {
   }
 }
 
+TEST(PackedPricing, HugeCallsArePricedPerBlock) {
+  // A planner probing a 2^28-token ring step (zeppelin's crossovers) would make counting
+  // O(4M tiles) per call: beyond kMaxPackedCallTokens the blocks are priced on their own.
+  Cluster per_block = packed_cluster(true);
+  per_block.attention_tiles_packed = false;
+  const AnalyticalCostModel packed(packed_cluster(true), model_preset("llama-7b"));
+  const AnalyticalCostModel blocks(per_block, model_preset("llama-7b"));
+  const Tokens half = Tokens{1} << 27;
+  const std::vector<AttentionBlock> zigzag = {{0, half, 0, half}, {half, 2 * half, half, 2 * half}};
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    EXPECT_EQ(packed.attention_time_s(zigzag, 1, pass), blocks.attention_time_s(zigzag, 1, pass));
+  }
+}
+
 TEST(PackedPricing, SharedTilesAtTheBlocksMeanEfficiency) {
   // 256 x 16 tokens: 64 shared tiles at the efficiency each 16-token document gets per
   // block (the curves' first point), a quarter of the per-block price.
