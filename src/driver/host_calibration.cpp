@@ -49,12 +49,6 @@ constexpr Bytes kCollectiveBytes[] = {4 * 1024, 256 * 1024, 4 * 1024 * 1024};
 /// Link fields of a one-rank job, where nothing is sent: large enough never to matter.
 constexpr double kUnmeasuredBandwidthBytesPerS = 1e12;
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 /// Median thread CPU time of `work` over kRepeats runs after one warm-up run.
 double cpu_seconds(const std::function<void()>& work) {
   work();
@@ -224,6 +218,23 @@ std::string size_in_words(Bytes bytes) {
 }
 
 }  // namespace
+
+std::string pin_blas_threads() {
+  const char* chosen = std::getenv("OPENBLAS_NUM_THREADS");
+  if (chosen != nullptr && *chosen != '\0') {
+    return fmt::format("BLAS: {} thread(s) per rank (OPENBLAS_NUM_THREADS={})", openblas_get_num_threads(),
+                       chosen);
+  }
+  openblas_set_num_threads(1);
+  return "BLAS: 1 thread per rank (OPENBLAS_NUM_THREADS was unset; set it to use more)";
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
 
 void broadcast_string(std::string& text, MPI_Comm comm) {
   long long size = static_cast<long long>(text.size());

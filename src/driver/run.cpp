@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "ballast/cost_model.hpp"
+#include "ballast/driver/host_calibration.hpp"
 #include "ballast/emulated_cluster.hpp"
 #include "ballast/error.hpp"
 #include "ballast/runtime/corpus.hpp"
@@ -137,13 +138,6 @@ double relative_error(double predicted, double measured) {
   return measured > 0 ? predicted / measured - 1.0 : 0.0;
 }
 
-double median_of(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 /// The signed value of largest magnitude.
 double worst_of(const std::vector<double>& values) {
   double worst = 0;
@@ -175,10 +169,10 @@ PredictionSummary summarise_prediction(std::span<const StepReport> steps) {
     step.push_back(error);
     step_magnitude.push_back(std::abs(error));
   }
-  summary.busy_median_relative_error = median_of(busy_magnitude);
+  summary.busy_median_relative_error = median(busy_magnitude);
   summary.busy_worst_relative_error = worst_of(busy);
   summary.busiest_relative_error = relative_error(summary.predicted_busiest_s, summary.measured_busiest_s);
-  summary.step_median_relative_error = median_of(step_magnitude);
+  summary.step_median_relative_error = median(step_magnitude);
   summary.step_worst_relative_error = worst_of(step);
   return summary;
 }

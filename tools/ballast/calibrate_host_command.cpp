@@ -2,7 +2,6 @@
 // and writes the cluster `ballast run` plans and predicts with.
 #include <mpi.h>
 
-#include <cblas.h>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
@@ -58,8 +57,7 @@ nlohmann::json host_rows_json(const driver::HostCalibration& calibration) {
 int run_calibrate_host(const CalibrateArgs& args) {
   using runtime::check_mpi;
   // As `ballast run` does: one BLAS thread per rank unless the user chose.
-  const char* chosen = std::getenv("OPENBLAS_NUM_THREADS");
-  if (chosen == nullptr || *chosen == '\0') openblas_set_num_threads(1);
+  driver::pin_blas_threads();
   check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
   check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   int rank = 0, ranks = 1;

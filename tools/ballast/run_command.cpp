@@ -5,8 +5,6 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <cstdlib>
@@ -239,19 +237,6 @@ int agree_on_setup(int code, const std::string& message, int rank, int ranks) {
 }
 
 
-/// Pins OpenBLAS to one thread per rank unless the user chose (OPENBLAS_NUM_THREADS): ranks
-/// are the emulated GPUs, and BLAS threads of several ranks on shared cores inflate busy
-/// time and make repeats differ. Returns the sentence the report prints.
-std::string pin_blas_threads() {
-  const char* chosen = std::getenv("OPENBLAS_NUM_THREADS");
-  if (chosen != nullptr && *chosen != '\0') {
-    return fmt::format("BLAS: {} thread(s) per rank (OPENBLAS_NUM_THREADS={})", openblas_get_num_threads(),
-                       chosen);
-  }
-  openblas_set_num_threads(1);
-  return "BLAS: 1 thread per rank (OPENBLAS_NUM_THREADS was unset; set it to use more)";
-}
-
 /// The host calibration the run plans and predicts with, the same on every rank
 /// (collective): --cluster FILE, checked against this job; else the cached calibration of
 /// this host, job and model, measured now (and cached) when missing or stale. Rank 0 reads
@@ -297,7 +282,7 @@ HostResolution read_host_calibration(const RunArgs& args, const HostRecord& here
 
 int run_run(const RunArgs& args) {
   using runtime::check_mpi;
-  const std::string blas_note = pin_blas_threads();  // before any GEMM
+  const std::string blas_note = driver::pin_blas_threads();  // before any GEMM
   check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
   // Failing calls return their code to check_mpi, which names the call and the rank
   // before aborting; MPI's default handler would abort without either.

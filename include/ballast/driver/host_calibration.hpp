@@ -62,6 +62,14 @@ void check_host_calibration(const Cluster& cluster, const HostRecord& here,
 /// the rank count, the BLAS threads and the model shape.
 std::string host_calibration_cache_path(const HostRecord& here);
 
+/// Pins OpenBLAS to one thread per rank unless the user chose (OPENBLAS_NUM_THREADS): ranks
+/// are the emulated GPUs, and BLAS threads of several ranks on shared cores inflate busy
+/// time and make repeats differ. Call before any GEMM; returns the sentence reports print.
+std::string pin_blas_threads();
+
+/// The median of `values` (the mean of the middle two for an even count); 0 when empty.
+double median(std::vector<double> values);
+
 /// Rank 0's `text` on every rank of `comm` (collective).
 void broadcast_string(std::string& text, MPI_Comm comm);
 
