@@ -21,6 +21,13 @@ namespace ballast {
 
 enum class Pass { forward, backward };
 
+/// How many times a micro-batch runs `pass`: the forward twice under full recomputation
+/// (Model::forward_passes), the backward once. The planners' estimates weight each pass's
+/// time by it; the simulator adds the rerun as tasks.
+inline double pass_count(const Model& model, Pass pass) {
+  return pass == Pass::forward ? model.forward_passes() : 1.0;
+}
+
 /// Attention backward FLOPs / forward FLOPs: 5 matrix products (with recomputation) against
 /// 2 (SYSTEMS.md section 1; FlashAttention-2's benchmarks count 2.5x).
 inline constexpr double kAttentionBackwardFactor = 2.5;

@@ -20,6 +20,8 @@ struct RunSettings {
   std::string cluster = "h100";    ///< preset or JSON file
   std::optional<int> nodes;        ///< overrides the cluster's node count
   std::string model = "llama-7b";  ///< preset or JSON file
+  /// --recompute: overrides the model's activation recomputation (presets: selective).
+  std::optional<Recompute> recompute;
   std::string cost_model = "analytical";
   std::vector<std::string> strategies;  ///< empty: every registered strategy
   std::string baseline;                 ///< empty: static-cp if compared, else the first

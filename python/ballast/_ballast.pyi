@@ -50,6 +50,7 @@ class Model:
     gated_mlp: bool
     bytes_per_element: int
     activation_bytes_per_token: float
+    recompute: str
     parameters: float
     provenance: str
     def __init__(self) -> None: ...

@@ -317,6 +317,12 @@ PYBIND11_MODULE(_ballast, m) {
       .def_readwrite("bytes_per_element", &Model::bytes_per_element)
       .def_readwrite("activation_bytes_per_token", &Model::activation_bytes_per_token)
       .def_readwrite("parameters", &Model::parameters)
+      .def_property(
+          "recompute", [](const Model& model) { return std::string(recompute_name(model.recompute)); },
+          [](Model& model, const std::string& text) {
+            model.recompute = parse_recompute(text, "Model.recompute");
+          },
+          "activation recomputation: 'selective' (default), 'full' or 'none' (docs/cost-model.md)")
       .def_readwrite("provenance", &Model::provenance);
 
   py::class_<Chunk>(m, "Chunk", "Tokens [begin, end) of a sequence on `rank` during attention (end may include padding).")

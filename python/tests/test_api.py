@@ -259,6 +259,28 @@ def test_emulated_cluster_shape_and_memory():
         ballast.Cluster.emulated(model, ranks=8, gpus_per_node=3, rank_tokens=4096)
 
 
+def test_model_recompute_sets_memory_and_cost():
+    """Full recomputation keeps each layer's input and reruns the forward: more tokens fit
+    per GPU and the same plan takes longer (docs/cost-model.md)."""
+    selective = ballast.Model.load("llama-7b")
+    assert selective.recompute == "selective"
+    full = ballast.Model.load("llama-7b")
+    full.recompute = "full"
+    import json
+
+    assert json.loads(full.to_json())["recompute"] == "full"
+    assert ballast.Model.from_json(full.to_json()).recompute == "full"
+    lengths = [12288, 8192, 4096, 2048, 1024]
+    before = ballast.simulate(ballast.plan(lengths, cluster="h100", nodes=1, model=selective,
+                                           strategy="packed-dp"))
+    after = ballast.simulate(ballast.plan(lengths, cluster="h100", nodes=1, model=full,
+                                          strategy="packed-dp"))
+    assert after.step_time_s > before.step_time_s
+    assert after.peak_memory_bytes < before.peak_memory_bytes
+    with pytest.raises(ValueError, match="Model.recompute 'partial'"):
+        full.recompute = "partial"
+
+
 def test_version_is_the_projects_everywhere(tmp_path):
     """ballast.__version__, `ballast --version` and a plan file's ballast_version are all
     project(VERSION) of CMakeLists.txt."""

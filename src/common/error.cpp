@@ -18,7 +18,7 @@ std::atomic<Frontend> current_frontend_value{Frontend::cli};
 /// Each CLI flag a library message names, and what sets it from Python: the keyword
 /// argument of ballast.sample_batches / plan / Cluster.load / Cluster.emulated, or the
 /// strategy spec's parameter ("static-cp:degree=4") where Python has no keyword.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 10> kPythonSettingNames{{
+constexpr std::array<std::pair<std::string_view, std::string_view>, 11> kPythonSettingNames{{
     {"--max-context", "max_context_tokens"},
     {"--tokens-per-step", "tokens_per_step"},
     {"--batch-size", "batch_size"},
@@ -29,6 +29,7 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 10> kPythonS
     {"--gpus-per-node", "gpus_per_node"},
     {"--degree", "strategy parameter degree"},
     {"--grad-sync", "grad_sync"},
+    {"--recompute", "Model.recompute"},
 }};
 
 }  // namespace

@@ -207,7 +207,7 @@ Bytes CostModel::model_state_bytes_per_rank() const {
 }
 
 Bytes CostModel::activation_bytes_per_token() const {
-  return saturating_bytes(std::ceil(model_.activation_bytes_per_token));
+  return saturating_bytes(std::ceil(model_.stored_activation_bytes_per_token()));
 }
 
 Bytes CostModel::memory_limit_bytes() const {

@@ -44,7 +44,7 @@ Cluster emulated_cluster(const Model& model, int ranks, int gpus_per_node, Token
   const double states = kModelStateBytesPerParameter * model.parameters / ranks;
   cluster.memory_usable_fraction = 0.9;
   cluster.gpu_memory_bytes = static_cast<Bytes>(
-      (states + model.activation_bytes_per_token * static_cast<double>(rank_tokens)) / 0.9) + 1;
+      (states + model.stored_activation_bytes_per_token() * static_cast<double>(rank_tokens)) / 0.9) + 1;
   cluster.provenance = "emulated: one CPU process (an MPI rank of ballast run, a gloo process) per GPU";
   return cluster;
 }

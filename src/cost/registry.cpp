@@ -278,6 +278,13 @@ std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Clu
     return std::make_unique<AnalyticalCostModel>(cluster, model);
   }
   const std::vector<ProfiledCoefficients> sets = parse_profiled_spec(spec, source);
+  if (model.recompute == Recompute::full) {
+    // The coefficients (time and activation bytes) were profiled without it.
+    throw InputError(fmt::format(
+        "profiled cost model {} was measured without full recomputation; use {} selective "
+        "or {} analytical",
+        sets.front().name, setting_name("--recompute"), setting_name("--cost-model")));
+  }
   std::vector<std::string> model_names;
   for (const ProfiledCoefficients& set : sets) {
     if (set.model_name == model.name) return std::make_unique<ProfiledCostModel>(cluster, model, set);

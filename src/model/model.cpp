@@ -10,9 +10,9 @@ namespace ballast {
 namespace {
 
 /// Every member model_from_json reads (and to_json writes); any other is an error.
-constexpr std::array<std::string_view, 12> kModelKeys = {
-    "name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
-    "bytes_per_element", "activation_bytes_per_token", "parameters", "provenance"};
+constexpr std::array<std::string_view, 13> kModelKeys = {
+    "name",       "layers", "hidden",    "heads", "kv_heads", "ffn_hidden", "vocab", "gated_mlp",
+    "bytes_per_element", "activation_bytes_per_token", "recompute", "parameters", "provenance"};
 
 /// Weights of the Q and K, V projections of one layer (h*h + 2*h*kv_dim).
 double qkv_weights_per_layer(const Model& model) {
@@ -37,6 +37,33 @@ void require_positive_int(int value, const std::string& source, const std::strin
 }
 
 }  // namespace
+
+Recompute parse_recompute(const std::string& text, const std::string& what) {
+  if (text == "selective") return Recompute::selective;
+  if (text == "full") return Recompute::full;
+  if (text == "none") return Recompute::none;
+  throw InputError(fmt::format("{} '{}' is not a recomputation mode; use selective (the "
+                               "default), full or none",
+                               what, text));
+}
+
+const char* recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::selective:
+      return "selective";
+    case Recompute::full:
+      return "full";
+    case Recompute::none:
+      return "none";
+  }
+  return "selective";
+}
+
+double Model::stored_activation_bytes_per_token() const {
+  if (recompute != Recompute::full) return activation_bytes_per_token;
+  const double layer_inputs = static_cast<double>(hidden) * bytes_per_element * layers;
+  return layer_inputs + activation_bytes_per_token / layers;
+}
 
 double Model::linear_flops_per_token() const {
   // 2 FLOPs per multiply-add; the LM head (hidden x vocab) runs once, after the layers.
@@ -106,6 +133,9 @@ nlohmann::json to_json(const Model& model) {
   json["gated_mlp"] = model.gated_mlp;
   json["bytes_per_element"] = model.bytes_per_element;
   json["activation_bytes_per_token"] = model.activation_bytes_per_token;
+  // Written only when not the default, so files and plans from before the option read
+  // and write byte-identically.
+  if (model.recompute != Recompute::selective) json["recompute"] = recompute_name(model.recompute);
   json["parameters"] = model.parameters;
   json["provenance"] = model.provenance;
   return json;
@@ -129,6 +159,9 @@ Model model_from_json(const nlohmann::json& json, const std::string& source) {
   model.gated_mlp = required_field<bool>(json, "gated_mlp", source);
   model.bytes_per_element = required_field<int>(json, "bytes_per_element", source);
   model.activation_bytes_per_token = required_field<double>(json, "activation_bytes_per_token", source);
+  model.recompute = parse_recompute(
+      optional_field<std::string>(json, "recompute", "selective", source),
+      source + ": model field 'recompute'");
   model.parameters = required_field<double>(json, "parameters", source);
   model.provenance = optional_field<std::string>(json, "provenance", "", source);
   validate_model(model, source);

@@ -69,7 +69,7 @@ Model llama(const std::string& name, const std::string& source, int layers, int 
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
-  return {"gpt-7b",   "gpt-13b",   "gpt-30b",   "llama-3b",
+  return {"gpt-7b",   "gpt-13b",   "gpt-30b",   "llama-3b",  "openllama-3b",
           "llama-7b", "llama3-8b", "llama-13b", "llama-30b"};
 }
 
@@ -78,6 +78,11 @@ Model model_preset(const std::string& name) {
   if (name == "gpt-13b") return flexsp_gpt(name, 40, 5120, 64, 4.220, 13.116);
   if (name == "gpt-30b") return flexsp_gpt(name, 60, 6656, 64, 3.417, 31.525);
   if (name == "llama-3b") return llama(name, "Llama-3.2-3B", 28, 3072, 24, 8, 8192, 128256);
+  // Zeppelin's 3B: full multi-head attention; its per-hop timing matches hidden 3200 and
+  // 32 heads (issue 19), the shape of OpenLLaMA-3B (openlm-research/open_llama_3b).
+  if (name == "openllama-3b") {
+    return llama(name, "OpenLLaMA-3B", 26, 3200, 32, 32, 8640, 32000);
+  }
   if (name == "llama-7b") return llama(name, "Llama-2-7B", 32, 4096, 32, 32, 11008, 32000);
   if (name == "llama3-8b") return llama(name, "Llama-3-8B", 32, 4096, 32, 8, 14336, 128256);
   if (name == "llama-13b") return llama(name, "Llama-2-13B", 40, 5120, 40, 40, 13824, 32000);

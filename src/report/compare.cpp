@@ -20,7 +20,8 @@ RunInputs resolve_inputs(const RunSettings& settings) {
   RunInputs inputs;
   inputs.dataset = load_dataset(settings.dataset);
   const Cluster cluster = load_cluster(settings.cluster, settings.nodes);
-  const Model model = load_model(settings.model);
+  Model model = load_model(settings.model);
+  if (settings.recompute) model.recompute = *settings.recompute;
   inputs.cost = make_cost_model(load_cost_model_spec(settings.cost_model), cluster, model);
   inputs.cost->token_capacity_per_rank();  // fails early, naming model and cluster
   BatchSampler sampler(inputs.dataset, settings.sampler);

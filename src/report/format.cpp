@@ -43,8 +43,12 @@ std::string over_context_text(const CompareResult& result) {
 void write_compare_text(const CompareResult& result, std::ostream& out) {
   const auto& settings = result.settings;
   fmt::print(out, "dataset {}\n", result.dataset_description);
-  fmt::print(out, "cluster {}, model {}, cost model {}\n", result.cluster_description,
-             settings.model, settings.cost_model);
+  fmt::print(out, "cluster {}, model {}{}, cost model {}\n", result.cluster_description,
+             settings.model,
+             settings.recompute
+                 ? fmt::format(" ({} recomputation)", recompute_name(*settings.recompute))
+                 : std::string(),
+             settings.cost_model);
   fmt::print(out, "{} step{}, seed {}, {} sampling, {}; mean {} sequences / {} tokens per step\n",
              settings.steps, settings.steps == 1 ? "" : "s", settings.sampler.seed, to_string(settings.sampler.order),
              budget_text(settings.sampler), with_thousands(result.sequences_per_step),
@@ -113,6 +117,8 @@ nlohmann::ordered_json compare_to_json(const CompareResult& result) {
       {"cluster", settings.cluster},
       {"cluster_description", result.cluster_description},
       {"model", settings.model},
+      {"recompute", settings.recompute ? nlohmann::json(recompute_name(*settings.recompute))
+                                       : nlohmann::json(nullptr)},
       {"cost_model", settings.cost_model},
       {"steps", settings.steps},
       {"seed", settings.sampler.seed},

@@ -51,7 +51,7 @@ void apply_scenario(const Scenario& scenario, RunSettings& settings) {
   static constexpr std::string_view kSettingKeys[] = {
       "dataset", "cluster",    "nodes",  "model",      "cost_model", "strategies",
       "baseline", "steps",     "seed",   "tokens_per_step", "batch_size", "max_context",
-      "over_context", "sampling", "degree", "grad_sync"};
+      "over_context", "sampling", "degree", "grad_sync", "recompute"};
   reject_unknown_keys(json, kSettingKeys, source + ": settings");  settings.dataset = optional_field<std::string>(json, "dataset", settings.dataset, source);
   settings.cluster = optional_field<std::string>(json, "cluster", settings.cluster, source);
   if (json.contains("nodes")) settings.nodes = required_field<int>(json, "nodes", source);
@@ -83,6 +83,10 @@ void apply_scenario(const Scenario& scenario, RunSettings& settings) {
   }
   if (json.contains("sampling")) {
     sampler.order = parse_sampling_order(required_field<std::string>(json, "sampling", source));
+  }
+  if (json.contains("recompute")) {
+    settings.recompute = parse_recompute(required_field<std::string>(json, "recompute", source),
+                                         source + ": recompute");
   }
   if (json.contains("degree")) settings.planner.degree = required_field<int>(json, "degree", source);
 }

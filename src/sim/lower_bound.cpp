@@ -11,14 +11,16 @@ namespace ballast {
 
 namespace {
 
-/// Linear layers plus attention at its pair floor, forward and backward, all sequences.
+/// Linear layers plus attention at its pair floor, forward (twice under full
+/// recomputation) and backward, all sequences.
 Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
+  const double forward_passes = cost.model().forward_passes();
   Seconds total_s = 0;
   for (Tokens length : lengths_tokens) {
     const double pairs = static_cast<double>(length) * static_cast<double>(length + 1) / 2.0;
-    total_s += cost.linear_time_s(length, Pass::forward) +
+    total_s += forward_passes * (cost.linear_time_s(length, Pass::forward) +
+                                 cost.attention_pair_floor_s(pairs, Pass::forward)) +
                cost.linear_time_s(length, Pass::backward) +
-               cost.attention_pair_floor_s(pairs, Pass::forward) +
                cost.attention_pair_floor_s(pairs, Pass::backward);
   }
   return total_s;
@@ -70,8 +72,10 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   // The rank with the most linear tokens holds >= ceil(total / ranks) of them, at most
   // `capacity` per micro-batch, so it runs >= min_micro_batches micro-batches.
   const Tokens fullest_tokens = ceil_div(total_tokens, ranks);
-  const Seconds fullest_s = bound.overhead_s + cost.linear_time_s(fullest_tokens, Pass::forward) +
-                            cost.linear_time_s(fullest_tokens, Pass::backward);
+  const Seconds fullest_s =
+      bound.overhead_s +
+      cost.model().forward_passes() * cost.linear_time_s(fullest_tokens, Pass::forward) +
+      cost.linear_time_s(fullest_tokens, Pass::backward);
   if (spread_s >= fullest_s) {
     bound.binding = fmt::format("compute spread over {} ranks", ranks);
   } else {

@@ -136,6 +136,14 @@ class StepBuilder {
       add_pass(index, layout, Pass::forward);
       backward_start = cursor_;
       const int first_backward_task = graph_.size();
+      if (cost_.model().forward_passes() == 2) {
+        // Full recomputation reruns the forward (its communication too) in the backward
+        // pass, layer by layer; charged for all layers like every op, and counted as
+        // backward time for the gradient buckets (gradients appear through both).
+        graph_.set_name_suffix(" (recompute)");
+        add_pass(index, layout, Pass::forward);
+        graph_.set_name_suffix("");
+      }
       add_pass(index, layout, Pass::backward);
       if (m + 1 < plan_.micro_batches.size()) continue;  // only the last one's matters
       for (int id = first_backward_task; id < graph_.size(); ++id) {

@@ -126,6 +126,9 @@ class TaskGraph {
   void set_category(const char* category) { category_ = category; }
   /// "" unless the graph keeps names.
   const char* category(int id) const { return keep_names_ ? categories_[id] : ""; }
+  /// Appended to the names of the tasks added from now on ("" for none; a string literal):
+  /// " (recompute)" marks the forward pass full recomputation reruns.
+  void set_name_suffix(const char* suffix) { name_suffix_ = suffix; }
 
  private:
   int add_task(TaskKind kind, int micro_batch, Seconds duration_s, std::span<const int> ports,
@@ -134,6 +137,7 @@ class TaskGraph {
   int named(int id, NameFn&& name) {
     if (keep_names_) {
       names_.emplace_back(name());
+      if (*name_suffix_ != '\0') names_.back() += name_suffix_;
       categories_.push_back(category_);
     }
     return id;
@@ -147,6 +151,7 @@ class TaskGraph {
   std::vector<std::string> names_;          ///< names_[id] when keep_names_; joins get ""
   std::vector<const char*> categories_;     ///< categories_[id] when keep_names_
   const char* category_ = "";
+  const char* name_suffix_ = "";
 };
 
 }  // namespace ballast::sim

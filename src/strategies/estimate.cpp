@@ -57,9 +57,11 @@ void add_ring_group(const AttentionGroup& group, const CostModel& cost,
     const std::vector<AttentionBlock> blocks = own_query_blocks(group, rank);
     const Tokens tokens = member_tokens(group, rank);
     rank_time_s[rank] +=
-        std::max(cost.attention_time_s(blocks, 1, Pass::forward), ring_comm_s) +
+        pass_count(cost.model(), Pass::forward) *
+            (std::max(cost.attention_time_s(blocks, 1, Pass::forward), ring_comm_s) +
+             cost.linear_time_s(tokens, Pass::forward)) +
         std::max(cost.attention_time_s(blocks, 1, Pass::backward), 2 * ring_comm_s) +
-        cost.linear_time_s(tokens, Pass::forward) + cost.linear_time_s(tokens, Pass::backward);
+        cost.linear_time_s(tokens, Pass::backward);
   }
 }
 
@@ -89,8 +91,9 @@ void add_collective_group(const AttentionGroup& group, const CostModel& cost,
         group.scheme == Scheme::ulysses ? ulysses_blocks : own_query_blocks(group, rank);
     const int head_split = group.scheme == Scheme::ulysses ? size : 1;
     for (Pass pass : kPasses) {
-      rank_time_s[rank] += cost.attention_time_s(blocks, head_split, pass) +
-                           cost.linear_time_s(tokens, pass) + comm_per_pass_s;
+      rank_time_s[rank] += pass_count(model, pass) * (cost.attention_time_s(blocks, head_split, pass) +
+                                                      cost.linear_time_s(tokens, pass) +
+                                                      comm_per_pass_s);
     }
   }
 }

@@ -17,7 +17,8 @@ namespace {
 constexpr Pass kPasses[] = {Pass::forward, Pass::backward};
 
 /// The 2 x 2 all-to-alls of a Ulysses group on ranks [0, d) when every member holds
-/// `member_tokens` tokens (QKV and output, both passes), as estimate_plan_time_s charges.
+/// `member_tokens` tokens (QKV and output, every pass: the forward's twice under full
+/// recomputation), as estimate_plan_time_s charges.
 Seconds all_to_all_s(const CostModel& cost, int degree, Tokens member_tokens) {
   if (degree == 1) return 0.0;
   const std::vector<int> ranks = consecutive_ranks(0, degree);
@@ -26,7 +27,8 @@ Seconds all_to_all_s(const CostModel& cost, int degree, Tokens member_tokens) {
                                model.qkv_bytes_per_token() * member_tokens);
   const std::vector<Bytes> hidden(static_cast<std::size_t>(degree),
                                   model.hidden_bytes_per_token() * member_tokens);
-  return 2.0 * (cost.all_to_all_time_s(ranks, qkv) + cost.all_to_all_time_s(ranks, hidden));
+  const double passes = pass_count(model, Pass::forward) + pass_count(model, Pass::backward);
+  return passes * (cost.all_to_all_time_s(ranks, qkv) + cost.all_to_all_time_s(ranks, hidden));
 }
 
 }  // namespace
@@ -55,8 +57,9 @@ Seconds GroupCosts::sequence_s(Tokens length_tokens, std::size_t k) const {
   const AttentionBlock document = whole_document(length_tokens);
   Seconds time_s = entry.comm_s_per_token * static_cast<double>(length_tokens);
   for (Pass pass : kPasses) {
-    time_s += cost_->attention_time_s({&document, 1}, entry.degree, pass) +
-              cost_->linear_time_s(length_tokens, pass) / entry.degree;
+    time_s += pass_count(cost_->model(), pass) *
+              (cost_->attention_time_s({&document, 1}, entry.degree, pass) +
+               cost_->linear_time_s(length_tokens, pass) / entry.degree);
   }
   return time_s;
 }

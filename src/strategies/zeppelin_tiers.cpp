@@ -54,12 +54,14 @@ std::vector<int> power_of_two_divisors(int value) {
 
 Seconds attention_s(const CostModel& cost, Tokens length) {
   const AttentionBlock block = whole_document(length);
-  return cost.attention_time_s({&block, 1}, 1, Pass::forward) +
+  return pass_count(cost.model(), Pass::forward) *
+             cost.attention_time_s({&block, 1}, 1, Pass::forward) +
          cost.attention_time_s({&block, 1}, 1, Pass::backward);
 }
 
 Seconds linear_s(const CostModel& cost, Tokens tokens) {
-  return cost.linear_time_s(tokens, Pass::forward) + cost.linear_time_s(tokens, Pass::backward);
+  return pass_count(cost.model(), Pass::forward) * cost.linear_time_s(tokens, Pass::forward) +
+         cost.linear_time_s(tokens, Pass::backward);
 }
 
 const char* to_string(Tier tier) {
@@ -146,9 +148,11 @@ Seconds member_time_s(const TierContext& context, Tokens length, TierChoice choi
   const CostModel& cost = *context.cost;
   const Seconds linear = linear_s(cost, length) / choice.degree;
   const AttentionBlock whole = whole_document(length);
+  // The forward's ring steps run twice under full recomputation.
+  const double forward_passes = pass_count(cost.model(), Pass::forward);
   const Seconds forward = cost.attention_time_s({&whole, 1}, 1, Pass::forward);
   const Seconds backward = cost.attention_time_s({&whole, 1}, 1, Pass::backward);
-  if (choice.degree == 1) return forward + backward + linear;
+  if (choice.degree == 1) return forward_passes * forward + backward + linear;
   const auto degree = static_cast<double>(choice.degree);
   const Bytes bytes = cost.model().kv_bytes_per_token() * ceil_div(length, choice.degree);
   const int gpus = context.gpus_per_node;
@@ -163,7 +167,7 @@ Seconds member_time_s(const TierContext& context, Tokens length, TierChoice choi
     }
     return memo->second;
   };
-  return degree * std::max(forward / (degree * degree), hop_s(bytes)) +
+  return forward_passes * degree * std::max(forward / (degree * degree), hop_s(bytes)) +
          degree * std::max(backward / (degree * degree), hop_s(2 * bytes)) + linear;
 }
 

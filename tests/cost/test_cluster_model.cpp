@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ballast/cluster.hpp"
+#include "ballast/cost_model.hpp"
 #include "ballast/error.hpp"
 #include "cost/input_errors.hpp"
 #include "ballast/model.hpp"
@@ -204,8 +205,9 @@ TEST(LoadCluster, BundledExampleFileLoads) {
 }
 
 TEST(ModelPresets, NamesInOrderAndAllValid) {
-  const std::vector<std::string> expected = {"gpt-7b",   "gpt-13b",   "gpt-30b",   "llama-3b",
-                                             "llama-7b", "llama3-8b", "llama-13b", "llama-30b"};
+  const std::vector<std::string> expected = {
+      "gpt-7b",   "gpt-13b",   "gpt-30b",   "llama-3b",  "openllama-3b",
+      "llama-7b", "llama3-8b", "llama-13b", "llama-30b"};
   EXPECT_EQ(model_preset_names(), expected);
   for (const std::string& name : model_preset_names()) {
     const Model model = model_preset(name);
@@ -236,6 +238,61 @@ TEST(ModelPresets, LlamaShapesAndEstimates) {
   // Llama-3-8B: 8,030,261,248 parameters.
   EXPECT_DOUBLE_EQ(llama8.parameters, 8030261248.0);
   EXPECT_EQ(model_preset("llama-30b").head_dim(), 128);
+  // OpenLLaMA-3B (Zeppelin's 3B): MHA, 100 head dims; Hugging Face lists 3.43 B parameters.
+  const Model open3 = model_preset("openllama-3b");
+  EXPECT_EQ(open3.kv_heads, open3.heads);
+  EXPECT_EQ(open3.head_dim(), 100);
+  EXPECT_NEAR(open3.parameters, 3.43e9, 0.01e9);
+}
+
+TEST(ModelRecompute, StoredBytesPerMode) {
+  Model model = model_preset("llama-7b");
+  const double selective = 34.0 * 4096 * 32;
+  EXPECT_EQ(model.recompute, Recompute::selective);
+  EXPECT_DOUBLE_EQ(model.stored_activation_bytes_per_token(), selective);
+  EXPECT_EQ(model.forward_passes(), 1);
+  model.recompute = Recompute::none;  // fused attention stores no scores: as selective
+  EXPECT_DOUBLE_EQ(model.stored_activation_bytes_per_token(), selective);
+  EXPECT_EQ(model.forward_passes(), 1);
+  model.recompute = Recompute::full;  // every layer's input + one layer being recomputed
+  EXPECT_DOUBLE_EQ(model.stored_activation_bytes_per_token(), 4096.0 * 2 * 32 + selective / 32);
+  EXPECT_EQ(model.forward_passes(), 2);
+  EXPECT_DOUBLE_EQ(pass_count(model, Pass::forward), 2.0);
+  EXPECT_DOUBLE_EQ(pass_count(model, Pass::backward), 1.0);
+}
+
+TEST(ModelRecompute, JsonWritesOnlyTheNonDefaultAndRejectsUnknownModes) {
+  Model model = model_preset("llama-7b");
+  EXPECT_FALSE(to_json(model).contains("recompute"));  // plans from before read the same
+  model.recompute = Recompute::full;
+  const nlohmann::json json = to_json(model);
+  EXPECT_EQ(json.at("recompute"), "full");
+  EXPECT_EQ(model_from_json(json, "m.json").recompute, Recompute::full);
+  nlohmann::json bad = json;
+  bad["recompute"] = "partial";
+  expect_input_error([&] { model_from_json(bad, "m.json"); },
+                     {"m.json", "recompute", "'partial'", "selective", "full", "none"});
+  expect_input_error([&] { parse_recompute("Full", "--recompute"); }, {"--recompute", "'Full'"});
+}
+
+TEST(ModelRecompute, CapacityGrowsAndProfiledCoefficientsRefuseFull) {
+  Model model = model_preset("llama-7b");
+  const Cluster cluster = load_cluster("h100", 1);
+  const auto selective = make_cost_model(load_cost_model_spec("analytical"), cluster, model);
+  model.recompute = Recompute::full;
+  const auto full = make_cost_model(load_cost_model_spec("analytical"), cluster, model);
+  EXPECT_GT(full->token_capacity_per_rank(), 10 * selective->token_capacity_per_rank());
+  Model gpt = model_preset("gpt-7b");
+  gpt.recompute = Recompute::full;
+  expect_input_error(
+      [&] {
+        make_cost_model(load_cost_model_spec("flexsp-a100-192k"), load_cluster("a100-ib400", 1),
+                        gpt);
+      },
+      {"flexsp-a100-192k", "full recomputation", "--recompute selective", "--cost-model"});
+  gpt.recompute = Recompute::none;  // the same as selective: accepted
+  EXPECT_NO_THROW(make_cost_model(load_cost_model_spec("flexsp-a100-192k"),
+                                  load_cluster("a100-ib400", 1), gpt));
 }
 
 TEST(ModelDerived, FlopsAndBytesPerToken) {

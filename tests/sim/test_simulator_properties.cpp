@@ -80,6 +80,57 @@ TEST(LowerBound, ComputeSpreadOverRanks) {
   EXPECT_EQ(bound.binding, "compute spread over 2 ranks");
 }
 
+TEST(LowerBound, FullRecomputationCountsTheForwardTwice) {
+  Model model = fake_model();
+  model.recompute = Recompute::full;
+  FakeCostModel cost(fake_cluster(1, 2, 1), model);
+  const std::vector<Tokens> lengths = {100, 50};
+  // As ComputeSpreadOverRanks with each forward term twice: 100 tokens 2 x (1 + 5.05) + 2 +
+  // 10.1 = 24.2; 50 tokens 2 x (0.5 + 1.275) + 1 + 2.55 = 7.1; over 2 ranks 15.65
+  EXPECT_NEAR(lower_bound(lengths, cost).compute_per_rank_s, ms(15.65), kTolerance_s);
+}
+
+TEST(Simulator, FullRecomputationRerunsTheForwardWithItsCommunication) {
+  Model model = fake_model();
+  FakeCostModel selective(fake_cluster(2, 2, 1), model);
+  model.recompute = Recompute::full;
+  FakeCostModel full(fake_cluster(2, 2, 1), model);
+  const SimulationReport before =
+      simulate(mixed_plan(selective), selective, {.record_trace = true});
+  const SimulationReport after = simulate(mixed_plan(full), full, {.record_trace = true});
+  const auto has = [](const TraceEvent& event, const std::string& part) {
+    return event.name.find(part) != std::string::npos;
+  };
+  std::size_t forward_before = 0, forward_after = 0, recomputed = 0, ring_recomputed = 0;
+  for (const TraceEvent& event : before.trace) forward_before += has(event, "fwd");
+  for (const TraceEvent& event : after.trace) {
+    forward_after += has(event, "fwd");
+    if (has(event, " (recompute)")) {
+      ++recomputed;
+      EXPECT_TRUE(has(event, "fwd")) << event.name;  // the rerun is a forward pass
+      ring_recomputed += event.category == std::string("ring inter-node");
+    }
+  }
+  EXPECT_GT(forward_before, 0u);
+  EXPECT_EQ(forward_after, 2 * forward_before);
+  EXPECT_EQ(recomputed, forward_before);
+  EXPECT_GT(ring_recomputed, 0u);  // the ring's KV passes run again
+  // Every rank's compute grows by exactly its forward compute.
+  ASSERT_EQ(before.ranks.size(), after.ranks.size());
+  for (std::size_t r = 0; r < before.ranks.size(); ++r) {
+    Seconds forward_compute_s = 0;
+    for (const TraceEvent& event : before.trace) {
+      if (event.rank == static_cast<int>(r) && event.lane == "compute" &&
+          has(event, "fwd")) {
+        forward_compute_s += event.duration_s;
+      }
+    }
+    EXPECT_NEAR(after.ranks[r].busy_s - before.ranks[r].busy_s, forward_compute_s, 1e-12) << r;
+  }
+  EXPECT_GT(after.step_time_s, before.step_time_s);
+  EXPECT_LE(after.lower_bound.time_s, after.step_time_s);
+}
+
 TEST(LowerBound, MemoryForcedMicroBatchesAndHoldsOnAPlanThatMeetsThem) {
   FakeCostModel cost(fake_cluster(1, 4, 1), fake_model());
   cost.capacity_tokens = 10;        // one 10-token sequence per rank and micro-batch

@@ -78,6 +78,12 @@ const std::vector<PropertySetup>& setups() {
     // and 5 nodes of 2 GPUs sharing one NIC.
     add("h100 3x8 llama-3b (GQA, 24 ranks)", load_cluster("h100", 3), "llama-3b", "analytical");
     add("h100 5x2, 1 NIC/node, llama-7b", reshaped_h100(5, 2, 1), "llama-7b", "analytical");
+    // Full recomputation: 11x the tokens per GPU, every forward run twice (the bound too).
+    Model recomputed = load_model("llama-7b");
+    recomputed.recompute = Recompute::full;
+    made.push_back({"h100 2x8 llama-7b, full recomputation",
+                    make_cost_model(load_cost_model_spec("analytical"), load_cluster("h100", 2),
+                                    recomputed)});
     return made;
   }();
   return all;

@@ -38,6 +38,11 @@ void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
   command.add_option("--grad-sync", flags.grad_sync,
                      "gradient sync: overlap (default: in per-layer buckets during the last "
                      "backward pass, as DDP/FSDP/ZeRO-3 run it) or end (all after it)");
+  command.add_option("--recompute", flags.recompute,
+                     "activation recomputation: selective (default: attention recomputed, "
+                     "34*hidden bytes per token and layer kept), full (each layer's input "
+                     "kept, its forward rerun in the backward pass) or none (under fused "
+                     "attention, the same as selective); docs/cost-model.md");
   command.add_option("--degree", flags.degree,
                      "fixed SP/CP degree for static strategies [default: the smallest that fits]");
   command.add_flag("--no-routing", flags.no_routing,
@@ -89,6 +94,7 @@ void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings) {
   if (flags.grad_sync) {
     settings.gradient_sync = parse_gradient_sync(*flags.grad_sync, setting_name("--grad-sync"));
   }
+  if (flags.recompute) settings.recompute = parse_recompute(*flags.recompute, "--recompute");
   if (settings.nodes && *settings.nodes < 1) {
     throw InputError(fmt::format("--nodes {} must be at least 1", *settings.nodes));
   }

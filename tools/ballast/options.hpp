@@ -21,7 +21,7 @@ struct WorkloadFlags {
   std::optional<std::uint64_t> seed;
   std::optional<Tokens> tokens_per_step, max_context;
   std::optional<std::int64_t> batch_size;
-  std::optional<std::string> over_context, sampling, grad_sync;
+  std::optional<std::string> over_context, sampling, grad_sync, recompute;
   bool no_routing = false, no_remap = false, even_split = false;  ///< Zeppelin's ablation
 };
 
