@@ -66,6 +66,23 @@ for o, e in zip(overlap["results"], end["results"]):
         assert o["step_time_s"] < e["step_time_s"], (o, e)
 PY
 
+# --recompute full keeps each layer's input (more tokens per GPU) and reruns the forward.
+code=$(run "$work/recompute.json" "$work/err" "$ballast" compare --steps 1 --recompute full --strategies packed-dp,flexsp-fast --format json)
+check "compare --recompute full exits 0" test "$code" = 0
+check "recompute: full says so, costs more and holds more" /usr/bin/python3 - "$work/compare.json" "$work/recompute.json" <<'PY'
+import json, sys
+selective, full = (json.load(open(p)) for p in sys.argv[1:3])
+assert selective["settings"]["recompute"] is None and full["settings"]["recompute"] == "full"
+by_name = {r["strategy"]: r for r in selective["results"]}
+for r in full["results"]:
+    before = by_name[r["strategy"]]
+    assert r["error"] is None, r
+    if r["strategy"] == "packed-dp":  # one GPU holds a 128K document only with it
+        assert before["error"] is not None, before
+        continue
+    assert r["lower_bound_s"] > before["lower_bound_s"], (r, before)  # the forward runs twice
+PY
+
 code=$(run "$work/compare.csv" "$work/err" "$ballast" compare --steps 1 --format csv --strategies packed-dp,hybrid-dp --baseline packed-dp)
 check "compare csv exits 0" test "$code" = 0
 check "compare csv header" has "$work/compare.csv" "strategy,step_time_s,lower_bound_s"
@@ -187,6 +204,8 @@ expect_error "unknown strategy" "packed-dp" compare --strategies nope
 expect_error "unknown dataset" "wlbllm" compare --dataset nope
 expect_error "unknown scenario" "default" compare --scenario nope
 expect_error "unknown cost model" "analytical" compare --cost-model nope
+expect_error "unknown recompute mode" "--recompute 'partial' is not a recomputation mode; use selective (the default), full or none" compare --recompute partial --steps 1
+expect_error "full recompute on profiled coefficients" "was measured without full recomputation; use --recompute selective or --cost-model analytical" compare --recompute full --model gpt-7b --cluster a100-ib400 --cost-model flexsp-a100-192k --steps 1
 expect_error "unknown gradient sync mode" "--grad-sync 'later' is not a gradient sync mode; use overlap" compare --grad-sync later --steps 1
 expect_error "missing lengths file" "no-such-file" compare --lengths "$work/no-such-file.txt"
 expect_error "missing lengths file says so" "file not found: nosuch.txt" compare --lengths nosuch.txt
