@@ -39,8 +39,26 @@ struct HostRecord {
   bool operator==(const HostRecord&) const = default;
 };
 
+/// Tensor parallelism of a cluster whose ranks are TP groups (tensor_parallel.hpp's
+/// tensor_parallel_units()): each rank stands for `gpus` GPUs of one node that split every
+/// linear layer and the attention heads `gpus` ways (Megatron-LM with sequence
+/// parallelism), and the GPU-level constants of the collectives those GPUs run among
+/// themselves. JSON "tensor_parallel": {"gpus", "all_gather", "reduce_scatter"}, written
+/// only when gpus > 1, so clusters and plans without TP keep their bytes.
+struct TensorParallelism {
+  int gpus = 1;  ///< GPUs per TP group (the TP degree); 1 = no tensor parallelism
+  /// An all-gather / reduce-scatter on `gpus` GPUs of one node (nccl-tests size
+  /// convention; collectives.hpp), from the GPU cluster's intra_node_collective_fit().
+  CollectiveFit all_gather;
+  CollectiveFit reduce_scatter;
+  bool operator==(const TensorParallelism&) const = default;
+};
+
 /// A homogeneous GPU cluster. Ranks are numbered node-major: rank = node * gpus_per_node
-/// + local index. Local GPU i uses NIC i / gpus_per_nic() of its node.
+/// + local index. Local GPU i uses NIC i / gpus_per_nic() of its node. With
+/// tensor_parallel.gpus = N > 1 a rank is a TP group of N GPUs and every per-GPU field
+/// below describes one TP group (gpus_per_node: TP groups per node; compute, memory and
+/// NVLink bandwidth N times one GPU's; see tensor_parallel_units()).
 struct Cluster {
   std::string name;
   std::string gpu_name;
@@ -85,6 +103,8 @@ struct Cluster {
   /// Set on clusters measured on a host by `ballast calibrate --host` (JSON
   /// "measured_on"); a reader checks it before planning on the constants.
   std::optional<HostRecord> measured_on;
+  /// gpus = 1 on a cluster of GPUs; see TensorParallelism.
+  TensorParallelism tensor_parallel;
 
   int ranks() const { return nodes * gpus_per_node; }
   int node_of(int rank) const { return rank / gpus_per_node; }
@@ -94,7 +114,13 @@ struct Cluster {
     return node_of(rank) * nics_per_node + (rank % gpus_per_node) / gpus_per_nic();
   }
   bool same_node(int rank_a, int rank_b) const { return node_of(rank_a) == node_of(rank_b); }
+  /// GPUs of the cluster: ranks() x the TP degree.
+  int gpus() const { return ranks() * tensor_parallel.gpus; }
 };
+
+/// "<name> (<nodes> nodes x <GPUs per node> <gpu>, <GPUs> GPUs)", and with tensor
+/// parallelism "..., <GPUs> GPUs in <ranks> TP groups of <N>)": GPUs, whatever a rank is.
+std::string describe_cluster(const Cluster& cluster);
 
 /// Efficiency of `curve` at equivalent causal length `tokens`: linear in log(tokens)
 /// between neighbouring points, the end point's value outside the table. `curve` must be
@@ -108,13 +134,17 @@ void validate_cluster(const Cluster& cluster, const std::string& source);
 std::vector<std::string> cluster_preset_names();
 /// Throws InputError listing the known presets when `name` is unknown.
 Cluster cluster_preset(const std::string& name);
-/// A preset name or a JSON file path; `nodes` overrides the node count.
+/// A preset name or a JSON file path; `nodes` overrides the node count. A file holding a
+/// cluster of TP groups ("tensor_parallel", as plans embed it) is rejected: --cluster
+/// names GPUs, --tp groups them (tensor_parallel_units()).
 Cluster load_cluster(const std::string& preset_or_file, std::optional<int> nodes = std::nullopt);
 
 nlohmann::json to_json(const Cluster& cluster);
-/// Every field is required except `provenance`, `intra_node_collectives` and
+/// Every field is required except `provenance`, `intra_node_collectives`,
 /// `attention_efficiency_curve` ({"forward": [{"tokens", "efficiency", "source"}, ...],
-/// "backward": [...]}, either pass optional); throws InputError naming `source`.
+/// "backward": [...]}, either pass optional), `measured_on` and `tensor_parallel`
+/// ({"gpus": N, "all_gather": {"latency_s", "bus_bw_bytes_per_s"}, "reduce_scatter":
+/// {...}}, absent: no TP); throws InputError naming `source`.
 Cluster cluster_from_json(const nlohmann::json& json, const std::string& source);
 
 }  // namespace ballast

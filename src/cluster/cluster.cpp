@@ -12,14 +12,20 @@ namespace ballast {
 namespace {
 
 /// Every member cluster_from_json reads (and to_json writes); any other is an error.
-constexpr std::array<std::string_view, 21> kClusterKeys = {
+constexpr std::array<std::string_view, 22> kClusterKeys = {
     "name", "gpu_name", "nodes", "gpus_per_node", "gpu_memory_bytes", "peak_flops_per_s",
     "matmul_efficiency", "attention_efficiency", "attention_tile_tokens", "attention_tiles",
     "memory_usable_fraction", "intra_node_bus_bw_bytes_per_s", "intra_node_p2p_bw_bytes_per_s",
     "intra_node_latency_s", "nics_per_node", "nic_bw_bytes_per_s", "inter_node_latency_s",
-    "provenance", "intra_node_collectives", "attention_efficiency_curve", "measured_on"};
+    "provenance", "intra_node_collectives", "attention_efficiency_curve", "measured_on",
+    "tensor_parallel"};
 constexpr std::array<std::string_view, 7> kHostRecordKeys = {
     "host", "cpu", "mpi", "model", "ranks", "blas_threads", "measured_at"};
+
+constexpr std::array<std::string_view, 3> kTensorParallelKeys = {"gpus", "all_gather",
+                                                                 "reduce_scatter"};
+constexpr std::array<std::string_view, 2> kTensorParallelFitKeys = {"latency_s",
+                                                                    "bus_bw_bytes_per_s"};
 
 /// The values of "attention_tiles": Cluster::attention_tiles_packed false, true.
 constexpr std::string_view kTilesPerBlock = "per_block";
@@ -101,6 +107,63 @@ void validate_topology(const Cluster& cluster, const std::string& source) {
   }
 }
 
+void validate_tensor_parallel(const Cluster& cluster, const std::string& source) {
+  const TensorParallelism& tp = cluster.tensor_parallel;
+  if (tp.gpus < 1 || tp.gpus > kMaxGpusPerNode) {
+    reject(source, "tensor_parallel.gpus",
+           fmt::format("is {}; a TP group holds 1 to {} GPUs of one node", tp.gpus,
+                       kMaxGpusPerNode));
+  }
+  if (tp.gpus == 1) return;
+  const std::pair<const char*, const CollectiveFit*> fits[] = {
+      {"all_gather", &tp.all_gather}, {"reduce_scatter", &tp.reduce_scatter}};
+  for (const auto& [name, fit] : fits) {
+    if (fit->gpus != tp.gpus) {
+      reject(source, fmt::format("tensor_parallel.{}", name),
+             fmt::format("is for {} GPUs but the TP group has {}", fit->gpus, tp.gpus));
+    }
+    if (!(fit->latency_s >= 0) || !std::isfinite(fit->latency_s)) {
+      reject(source, fmt::format("tensor_parallel.{}.latency_s", name),
+             fmt::format("must be >= 0 (got {}); fix it", fit->latency_s));
+    }
+    require_positive(fit->bus_bw_bytes_per_s, source,
+                     fmt::format("tensor_parallel.{}.bus_bw_bytes_per_s", name));
+  }
+}
+
+nlohmann::json tensor_parallel_to_json(const TensorParallelism& tp) {
+  const auto fit = [](const CollectiveFit& f) {
+    return nlohmann::json{{"latency_s", f.latency_s}, {"bus_bw_bytes_per_s", f.bus_bw_bytes_per_s}};
+  };
+  return {{"gpus", tp.gpus},
+          {"all_gather", fit(tp.all_gather)},
+          {"reduce_scatter", fit(tp.reduce_scatter)}};
+}
+
+TensorParallelism tensor_parallel_from_json(const nlohmann::json& json, const std::string& source) {
+  const std::string where = source + ": tensor_parallel";
+  if (!json.is_object()) {
+    reject(source, "tensor_parallel",
+           "must be an object {\"gpus\", \"all_gather\", \"reduce_scatter\"}");
+  }
+  reject_unknown_keys(json, kTensorParallelKeys, where);
+  TensorParallelism tp;
+  tp.gpus = required_field<int>(json, "gpus", where);
+  const auto fit = [&](const char* name) {
+    const std::string fit_where = fmt::format("{}.{}", where, name);
+    if (!json.contains(name) || !json[name].is_object()) {
+      reject(source, fmt::format("tensor_parallel.{}", name),
+             "must be an object {\"latency_s\", \"bus_bw_bytes_per_s\"}");
+    }
+    reject_unknown_keys(json[name], kTensorParallelFitKeys, fit_where);
+    return CollectiveFit{tp.gpus, required_field<double>(json[name], "latency_s", fit_where),
+                         required_field<double>(json[name], "bus_bw_bytes_per_s", fit_where)};
+  };
+  tp.all_gather = fit("all_gather");
+  tp.reduce_scatter = fit("reduce_scatter");
+  return tp;
+}
+
 nlohmann::json curve_to_json(const std::vector<EfficiencyPoint>& curve) {
   nlohmann::json points = nlohmann::json::array();
   for (const EfficiencyPoint& point : curve) {
@@ -159,6 +222,15 @@ void validate_cluster(const Cluster& cluster, const std::string& source) {
   validate_collective_fits(cluster.intra_node_collectives, cluster.gpus_per_node, source);
   validate_curve(cluster.attention_forward_curve, source, "attention_efficiency_curve.forward");
   validate_curve(cluster.attention_backward_curve, source, "attention_efficiency_curve.backward");
+  validate_tensor_parallel(cluster, source);
+}
+
+std::string describe_cluster(const Cluster& cluster) {
+  const int tp = cluster.tensor_parallel.gpus;
+  const std::string groups =
+      tp > 1 ? fmt::format(" in {} TP groups of {}", cluster.ranks(), tp) : std::string();
+  return fmt::format("{} ({} nodes x {} {}, {} GPUs{})", cluster.name, cluster.nodes,
+                     cluster.gpus_per_node * tp, cluster.gpu_name, cluster.gpus(), groups);
 }
 
 double curve_efficiency(std::span<const EfficiencyPoint> curve, double tokens) {
@@ -216,6 +288,10 @@ nlohmann::json to_json(const Cluster& cluster) {
                            {"mpi", host.mpi},     {"model", host.model},
                            {"ranks", host.ranks}, {"blas_threads", host.blas_threads},
                            {"measured_at", host.measured_at}};
+  }
+  // Only with TP, so plans and clusters without it keep their bytes.
+  if (cluster.tensor_parallel.gpus > 1) {
+    json["tensor_parallel"] = tensor_parallel_to_json(cluster.tensor_parallel);
   }
   return json;
 }
@@ -289,6 +365,9 @@ Cluster cluster_from_json(const nlohmann::json& json, const std::string& source)
     }
     cluster.measured_on = std::move(host);
   }
+  if (const auto it = json.find("tensor_parallel"); it != json.end()) {
+    cluster.tensor_parallel = tensor_parallel_from_json(*it, source);
+  }
   validate_cluster(cluster, source);
   return cluster;
 }
@@ -302,6 +381,13 @@ Cluster load_cluster(const std::string& preset_or_file, std::optional<int> nodes
     source = "cluster preset '" + preset_or_file + "'";
   } else if (std::filesystem::is_regular_file(preset_or_file)) {
     cluster = cluster_from_json(read_json_file(preset_or_file), preset_or_file);
+    if (cluster.tensor_parallel.gpus > 1) {
+      throw InputError(fmt::format(
+          "{}: a cluster of TP groups (\"tensor_parallel\": {} GPUs, as a plan embeds it); "
+          "give the cluster of GPUs and {} {} instead",
+          preset_or_file, cluster.tensor_parallel.gpus, setting_name("--tp"),
+          cluster.tensor_parallel.gpus));
+    }
   } else {
     throw InputError(fmt::format(
         "unknown cluster '{}'{}: not a preset ({}) and not a JSON file; pick a preset or give "
