@@ -190,6 +190,18 @@ class CostModel {
   /// NOT multiplied by the layers: intra_node_collective_time_s(cluster(), op, gpus, bytes)
   /// without its table lookup (the constants are cached at construction).
   Seconds collective_time_s(CollectiveOp op, int gpus, Bytes bytes) const;
+  /// The tensor-parallel collectives of one micro-batch, forward and backward, on a rank
+  /// (a TP group, cluster().tensor_parallel.gpus = N GPUs) whose linear modules run
+  /// `tokens` tokens: Megatron-LM with sequence parallelism runs per layer 2 all-gathers
+  /// and 2 reduce-scatters of the tokens x hidden activations in the forward pass and as
+  /// many in the backward pass, each collective_time_s on N GPUs at the GPU-level constants
+  /// of cluster().tensor_parallel; charged for all layers. 0 without TP or tokens.
+  Seconds tensor_parallel_time_s(Tokens tokens) const;
+  /// ONE of those collectives (all_gather or reduce_scatter) per layer, all layers.
+  Seconds tensor_parallel_collective_time_s(CollectiveOp op, Tokens tokens) const;
+  /// The part of tensor_parallel_time_s that does not grow with the tokens (the 8
+  /// collectives' latencies, all layers): tensor_parallel_time_s(n) - this is linear in n.
+  Seconds tensor_parallel_latency_s() const;
   /// Data-parallel gradient synchronisation over all ranks, once per step.
   virtual Seconds gradient_sync_time_s() const;
   /// One of `buckets` equal buckets of that synchronisation (1/buckets of the bytes, the
@@ -292,7 +304,8 @@ std::vector<std::string> cost_model_names();
 /// applies; throws InputError for a name not in cost_model_names().
 std::string cost_model_description(const std::string& name);
 /// Builds a cost model from a spec; throws InputError if the spec is malformed (an unknown
-/// key included) or a profiled spec was made for another model.
+/// key included), a profiled spec was made for another model, or a profiled spec meets a
+/// cluster of TP groups (its coefficients were measured without TP; the message names --tp).
 std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Cluster& cluster,
                                            const Model& model);
 /// Throws InputError "<source>: unknown key ..." (json_file.hpp's reject_unknown_keys) when

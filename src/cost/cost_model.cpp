@@ -76,6 +76,43 @@ Seconds CostModel::collective_time_s(CollectiveOp op, int gpus, Bytes bytes) con
 
 Seconds CostModel::micro_batch_overhead_s(Pass /*pass*/) const { return 0.0; }
 
+namespace {
+
+/// All-gathers (and as many reduce-scatters) per layer of a micro-batch, forward and
+/// backward, in Megatron-LM's sequence parallelism (Korthikanti et al. 2022, section
+/// 4.2.2): per pass one of each around the attention block and around the MLP (the
+/// backward pass swaps them), 2 passes.
+constexpr int kTensorParallelCollectivesPerLayer = 2 * 2;
+
+}  // namespace
+
+Seconds CostModel::tensor_parallel_collective_time_s(CollectiveOp op, Tokens tokens) const {
+  const TensorParallelism& tp = cluster_.tensor_parallel;
+  if (tp.gpus <= 1 || tokens <= 0) return 0.0;
+  BALLAST_CHECK(op == CollectiveOp::all_gather || op == CollectiveOp::reduce_scatter,
+                "tensor parallelism runs all-gathers and reduce-scatters");
+  const CollectiveFit& fit = op == CollectiveOp::all_gather ? tp.all_gather : tp.reduce_scatter;
+  // nccl-tests' size of both: the tokens x hidden buffer (all-gather's output,
+  // reduce-scatter's input).
+  const Bytes bytes = saturating_multiply(tokens, model_.hidden_bytes_per_token());
+  return model_.layers * (fit.latency_s + static_cast<double>(bytes) *
+                                              bus_bandwidth_factor(op, tp.gpus) /
+                                              fit.bus_bw_bytes_per_s);
+}
+
+Seconds CostModel::tensor_parallel_time_s(Tokens tokens) const {
+  return kTensorParallelCollectivesPerLayer *
+         (tensor_parallel_collective_time_s(CollectiveOp::all_gather, tokens) +
+          tensor_parallel_collective_time_s(CollectiveOp::reduce_scatter, tokens));
+}
+
+Seconds CostModel::tensor_parallel_latency_s() const {
+  const TensorParallelism& tp = cluster_.tensor_parallel;
+  if (tp.gpus <= 1) return 0.0;
+  return kTensorParallelCollectivesPerLayer * model_.layers *
+         (tp.all_gather.latency_s + tp.reduce_scatter.latency_s);
+}
+
 Seconds CostModel::p2p_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank) const {
   if (src_rank == dst_rank || bytes_per_layer <= 0) return 0.0;
   const bool intra = cluster_.same_node(src_rank, dst_rank);

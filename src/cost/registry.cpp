@@ -285,6 +285,13 @@ std::unique_ptr<CostModel> make_cost_model(const nlohmann::json& spec, const Clu
         "or {} analytical",
         sets.front().name, setting_name("--recompute"), setting_name("--cost-model")));
   }
+  if (cluster.tensor_parallel.gpus > 1) {  // FlexSP profiled whole GPUs, without TP
+    throw InputError(fmt::format(
+        "{} {}: profiled cost model {} was measured without tensor parallelism, so it cannot "
+        "price TP groups; use {} analytical or drop {}",
+        setting_name("--tp"), cluster.tensor_parallel.gpus, sets.front().name,
+        setting_name("--cost-model"), setting_name("--tp")));
+  }
   std::vector<std::string> model_names;
   for (const ProfiledCoefficients& set : sets) {
     if (set.model_name == model.name) return std::make_unique<ProfiledCostModel>(cluster, model, set);
