@@ -140,10 +140,11 @@ struct ValidationResult {
 };
 
 /// Checks, in this order, and reports the first violation: format version; the plan's
-/// cluster and model match the cost model's; its size within limits.hpp (sequences,
+/// cluster (its tensor parallelism first) and model match the cost model's; the TP degree N
+/// divides heads and KV heads; its size within limits.hpp (sequences,
 /// micro-batches, micro-batches x GPUs, chunks + linear slices); rank indices in range and
 /// distinct per group; every group non-empty with a known scheme (local: one rank; ulysses: size
-/// divides kv_heads); routing_proxies in [1, gpus_per_node] and routing_chunks in
+/// x N divides kv_heads); routing_proxies in [1, gpus_per_node] and routing_chunks in
 /// [1, kMaxRoutingChunks], and every proxy GPU of a routed ring hop a member of the ring
 /// (plan_layout.hpp's routing rule); every sequence appears in exactly one group of one
 /// micro-batch and its chunks cover [0, padded length) exactly once, with padded length

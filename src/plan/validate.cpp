@@ -134,6 +134,14 @@ Violation first_difference(const char* what, const nlohmann::json& in_plan,
 }
 
 Violation check_matches_cost(const Plan& plan, const CostModel& cost) {
+  const int plan_tp = plan.cluster.tensor_parallel.gpus;
+  const int cost_tp = cost.cluster().tensor_parallel.gpus;
+  if (plan_tp != cost_tp) {
+    return fmt::format(
+        "the plan is for tensor parallelism {} (cluster field tensor_parallel.gpus) but the "
+        "cost model's cluster has {}; plan and simulate with the same {}",
+        plan_tp, cost_tp, setting_name("--tp"));
+  }
   if (auto violation =
           first_difference("cluster", to_json(plan.cluster), to_json(cost.cluster()))) {
     return violation;
@@ -205,7 +213,25 @@ Violation check_group_ranks(const Plan& plan) {
       });
 }
 
-Violation check_ulysses_degree(const std::string& label, int degree, const Model& model) {
+/// A TP group splits the heads and KV heads N ways (tensor_parallel.hpp).
+Violation check_tensor_parallel_heads(const Plan& plan) {
+  const int tp = plan.cluster.tensor_parallel.gpus;
+  if (plan.model.heads % tp == 0 && plan.model.kv_heads % tp == 0) return std::nullopt;
+  return fmt::format(
+      "the plan's tensor parallelism {} does not divide the model's {} heads and {} KV "
+      "heads; plan with a {} that divides both",
+      tp, plan.model.heads, plan.model.kv_heads, setting_name("--tp"));
+}
+
+/// A Ulysses group of `degree` ranks, each a TP group of `tp` GPUs, splits every TP GPU's
+/// heads `degree` ways: degree x tp must divide the KV heads and the heads.
+Violation check_ulysses_degree(const std::string& label, int degree, const Model& model, int tp) {
+  if (tp > 1 && model.kv_heads % (degree * tp) != 0) {
+    return fmt::format(
+        "{}: Ulysses degree {} at tensor parallelism {} splits the model's {} KV heads {} "
+        "ways, which does not divide them; use a degree d with d x {} dividing {}",
+        label, degree, tp, model.kv_heads, degree * tp, tp, model.kv_heads);
+  }
   if (model.kv_heads % degree != 0) {
     return fmt::format(
         "{}: Ulysses degree {} does not divide the model's {} KV heads (with GQA "
@@ -220,7 +246,7 @@ Violation check_ulysses_degree(const std::string& label, int degree, const Model
 }
 
 Violation check_group_shape(const std::string& label, const AttentionGroup& group,
-                            const Model& model) {
+                            const Model& model, int tp) {
   if (!known_scheme(group.scheme)) return label + ": the scheme is not one ballast knows";
   if (group.ranks.empty()) return label + ": the group has no ranks";
   if (group.sequences.empty()) return label + ": the group has no sequences; remove it";
@@ -229,7 +255,7 @@ Violation check_group_shape(const std::string& label, const AttentionGroup& grou
     return fmt::format("{}: a local group needs exactly one rank but has {} (ranks {})", label,
                        size, rank_list(group.ranks));
   }
-  if (group.scheme == Scheme::ulysses) return check_ulysses_degree(label, size, model);
+  if (group.scheme == Scheme::ulysses) return check_ulysses_degree(label, size, model, tp);
   return std::nullopt;
 }
 
@@ -240,7 +266,8 @@ Violation check_group_shapes(const Plan& plan) {
     }
   }
   return for_each_group(plan, [&](std::size_t m, std::size_t g, const AttentionGroup& group) {
-    return check_group_shape(group_label(m, g, group), group, plan.model);
+    return check_group_shape(group_label(m, g, group), group, plan.model,
+                             plan.cluster.tensor_parallel.gpus);
   });
 }
 
@@ -576,6 +603,7 @@ ValidationResult validate(const Plan& plan, const CostModel& cost) {
   // before queues), so the order is part of the contract (docs/plan-format.md).
   Violation violation = check_version(plan);
   if (!violation) violation = check_matches_cost(plan, cost);
+  if (!violation) violation = check_tensor_parallel_heads(plan);
   if (!violation) violation = check_size(plan);
   if (!violation) violation = check_group_ranks(plan);
   if (!violation) violation = check_group_shapes(plan);

@@ -117,7 +117,8 @@ Tokens usable_tokens_per_rank(const CostModel& cost, Scheme scheme, int degree);
 Tokens footprint_tokens(Tokens length_tokens, Scheme scheme, int degree);
 
 // ---- degree selection ----
-/// Powers of two dividing the rank count (ulysses: also dividing model.kv_heads), ascending.
+/// Powers of two dividing the rank count (ulysses: also dividing ulysses_kv_heads(), the KV
+/// heads per GPU of a TP group), ascending.
 std::vector<int> allowed_degrees(const CostModel& cost, Scheme scheme);
 /// Whether a sequence fits one group of this degree.
 bool fits_group(Tokens length_tokens, const CostModel& cost, Scheme scheme, int degree);
@@ -126,7 +127,7 @@ bool fits_group(Tokens length_tokens, const CostModel& cost, Scheme scheme, int 
 int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
                    const std::string& strategy);
 /// The "degree" spec parameter of the static strategies (same as --degree).
-/// options.degree validated (divides the rank count; ulysses: divides kv_heads; else
+/// options.degree validated (divides the rank count; ulysses: divides ulysses_kv_heads(); else
 /// InputError naming --degree and the valid values) and checked against the longest
 /// sequence (PlanningError), or default_degree() without an override.
 PlannerParameter degree_parameter();

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "ballast/error.hpp"
+#include "ballast/tensor_parallel.hpp"
 #include "builders.hpp"
 
 namespace ballast::strategies {
@@ -58,13 +59,27 @@ std::string join_ints(const std::vector<int>& values) {
   return fmt::format("{}", fmt::join(values, ", "));
 }
 
+/// What a Ulysses degree must divide: the KV heads per TP group's GPU (ulysses_kv_heads).
+int ulysses_head_limit(const CostModel& cost) {
+  return ulysses_kv_heads(cost.model(), cost.cluster());
+}
+
+/// "the model's 8 KV heads" (with TP: "... at --tp 2, so degree x 2 must divide 8").
+std::string kv_heads_text(const CostModel& cost) {
+  const int tp = cost.cluster().tensor_parallel.gpus;
+  const int kv_heads = cost.model().kv_heads;
+  if (tp == 1) return fmt::format("the model's {} KV heads", kv_heads);
+  return fmt::format("the model's {} KV heads at {} {} (degree x {} must divide {})", kv_heads,
+                     setting_name("--tp"), tp, tp, kv_heads);
+}
+
 /// Why no larger degree exists, for the PlanningError message.
 std::string degree_limit_reason(const CostModel& cost, Scheme scheme, int largest_degree) {
   const int ranks = cost.cluster().ranks();
-  if (scheme == Scheme::ulysses && cost.model().kv_heads % (2 * largest_degree) != 0 &&
+  if (scheme == Scheme::ulysses && ulysses_head_limit(cost) % (2 * largest_degree) != 0 &&
       ranks % (2 * largest_degree) == 0) {
-    return fmt::format("Ulysses degree is limited to {} by the model's {} KV heads", largest_degree,
-                       cost.model().kv_heads);
+    return fmt::format("Ulysses degree is limited to {} by {}", largest_degree,
+                       kv_heads_text(cost));
   }
   return fmt::format("{} is the largest power-of-two degree dividing the {} ranks", largest_degree,
                      ranks);
@@ -79,10 +94,10 @@ std::string what_to_do(Scheme scheme) {
   return fmt::format("lower {} or add {}", setting_name("--max-context"), setting_name("--nodes"));
 }
 
-/// Divisors of the rank count (ulysses: also of kv_heads), ascending.
+/// Divisors of the rank count (ulysses: also of the KV heads per TP GPU), ascending.
 std::vector<int> valid_override_degrees(const CostModel& cost, Scheme scheme) {
   const int ranks = cost.cluster().ranks();
-  const int limit = scheme == Scheme::ulysses ? std::gcd(ranks, cost.model().kv_heads) : ranks;
+  const int limit = scheme == Scheme::ulysses ? std::gcd(ranks, ulysses_head_limit(cost)) : ranks;
   std::vector<int> degrees;
   for (int d = 1; d <= limit; ++d) {
     if (limit % d == 0) degrees.push_back(d);
@@ -94,9 +109,7 @@ void check_override_valid(int degree, const CostModel& cost, Scheme scheme,
                           const std::string& strategy) {
   const std::vector<int> valid = valid_override_degrees(cost, scheme);
   if (std::find(valid.begin(), valid.end(), degree) != valid.end()) return;
-  const std::string heads = scheme == Scheme::ulysses
-                                ? fmt::format(" and the model's {} KV heads", cost.model().kv_heads)
-                                : "";
+  const std::string heads = scheme == Scheme::ulysses ? " and " + kv_heads_text(cost) : "";
   throw InputError(
       fmt::format("{} {} is not valid for {}: it must divide the {} ranks{}; "
                   "valid values: {}",
@@ -110,7 +123,7 @@ std::vector<int> allowed_degrees(const CostModel& cost, Scheme scheme) {
   const int ranks = cost.cluster().ranks();
   std::vector<int> degrees;
   for (int d = 1; d <= ranks && ranks % d == 0; d *= 2) {
-    if (scheme == Scheme::ulysses && cost.model().kv_heads % d != 0) break;
+    if (scheme == Scheme::ulysses && ulysses_head_limit(cost) % d != 0) break;
     degrees.push_back(d);
   }
   return degrees;

@@ -1,5 +1,6 @@
 // Cost-only step-time estimate of a plan (no simulation): what batch-adaptive uses to
-// compare candidate degrees.
+// compare candidate degrees. With tensor parallelism each rank also pays its TP
+// collectives on the tokens it holds.
 #include <algorithm>
 #include <map>
 
@@ -106,12 +107,19 @@ Seconds estimate_plan_time_s(const Plan& plan, const CostModel& cost) {
       cost.micro_batch_overhead_s(Pass::forward) + cost.micro_batch_overhead_s(Pass::backward);
   for (const MicroBatch& micro_batch : plan.micro_batches) {
     std::map<int, Seconds> rank_time_s;  // ordered: deterministic
+    std::map<int, Tokens> rank_tokens;
+    const bool tensor_parallel = cost.cluster().tensor_parallel.gpus > 1;
     for (const AttentionGroup& group : micro_batch.groups) {
       if (group.scheme == Scheme::ring) {
         add_ring_group(group, cost, rank_time_s);
       } else {
         add_collective_group(group, cost, rank_time_s);
       }
+      if (!tensor_parallel) continue;
+      for (int rank : group.ranks) rank_tokens[rank] += member_tokens(group, rank);
+    }
+    for (const auto& [rank, tokens] : rank_tokens) {
+      rank_time_s[rank] += cost.tensor_parallel_time_s(tokens);
     }
     Seconds micro_batch_s = 0;
     for (const auto& [rank, time_s] : rank_time_s) {

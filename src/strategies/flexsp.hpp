@@ -29,9 +29,11 @@ namespace ballast::strategies::flexsp {
 struct DegreeCost {
   int degree = 1;
   /// Per group, whatever it holds: the micro-batch overhead (FlexSP's b1, both passes)
-  /// plus the all-to-all latency of the group's 2 x 2 all-to-alls (0 for degree 1).
+  /// plus the all-to-all latency of the group's 2 x 2 all-to-alls (0 for degree 1) plus,
+  /// with tensor parallelism, the latency of a member's TP collectives.
   Seconds fixed_s = 0;
-  /// All-to-all bandwidth time per token of the group (both passes; 0 for degree 1).
+  /// All-to-all bandwidth time per token of the group (both passes; 0 for degree 1), plus
+  /// with tensor parallelism a member's TP collectives' bandwidth time per token / d.
   Seconds comm_s_per_token = 0;
   /// Most tokens a group of this degree holds: degree * usable_tokens_per_rank(ulysses).
   Tokens capacity_tokens = 0;
@@ -47,7 +49,7 @@ struct DegreeCost {
 class GroupCosts {
  public:
   /// Degrees: every allowed Ulysses degree (powers of two dividing the rank count and
-  /// the model's KV heads), 1 included, ascending. Throws InputError if the cost model
+  /// ulysses_kv_heads()), 1 included, ascending. Throws InputError if the cost model
   /// has no token capacity.
   explicit GroupCosts(const CostModel& cost);
 

@@ -107,7 +107,8 @@ TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds t
 
 /// One document's attention, forward + backward, on one GPU (seconds, whole model).
 Seconds attention_s(const CostModel& cost, Tokens length);
-/// The linear modules over `tokens`, forward + backward, on one GPU (seconds, whole model).
+/// The linear modules over `tokens`, forward + backward, on one GPU (seconds, whole model);
+/// with tensor parallelism, on one TP group, their TP collectives' bandwidth time included.
 Seconds linear_s(const CostModel& cost, Tokens tokens);
 
 /// The hierarchical partition (zeppelin_placement.cpp): micro-batches pre-split by work,

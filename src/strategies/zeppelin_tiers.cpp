@@ -60,8 +60,12 @@ Seconds attention_s(const CostModel& cost, Tokens length) {
 }
 
 Seconds linear_s(const CostModel& cost, Tokens tokens) {
+  // With TP, the linear modules' collectives too (their latency is per micro-batch, not
+  // per sequence: only the part that grows with the tokens).
+  const Seconds tensor_parallel_s =
+      tokens > 0 ? cost.tensor_parallel_time_s(tokens) - cost.tensor_parallel_latency_s() : 0.0;
   return pass_count(cost.model(), Pass::forward) * cost.linear_time_s(tokens, Pass::forward) +
-         cost.linear_time_s(tokens, Pass::backward);
+         cost.linear_time_s(tokens, Pass::backward) + tensor_parallel_s;
 }
 
 const char* to_string(Tier tier) {

@@ -4,6 +4,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/plan.hpp"
+#include "ballast/tensor_parallel.hpp"
 #include "plan/plan_fixtures.hpp"
 
 namespace ballast {
@@ -107,6 +108,34 @@ TEST(Validate, UlyssesDegreeMustDivideKvHeads) {
       split_group(Scheme::ulysses, {0, 1, 2, 3, 4, 5, 6, 7}, {{5, 6000}});
   EXPECT_NE(violation(plan).find("Ulysses degree 8 does not divide the model's 4 KV heads"),
             std::string::npos);
+}
+
+TEST(Validate, TensorParallelMustMatchTheCostModelAndLimitsUlysses) {
+  // 2 nodes x 8 GPUs as 2 x 4 TP groups of 2; the model's 4 KV heads leave 2 per GPU.
+  const Cluster units = tensor_parallel_units(testing::small_cluster(2, 8), testing::small_model(), 2);
+  const testing::FakeCostModel cost(units, testing::small_model());
+  Plan plan = base_plan();
+  plan.cluster = units;
+  plan.sequence_lengths_tokens = {4096, 1024};
+  plan.micro_batches = {testing::micro_batch_of({split_group(Scheme::ulysses, {0, 1}, {{0, 4096}}),
+                                                 local_group(4, {{1, 1024}})})};
+  const ValidationResult valid = validate(plan, cost);
+  EXPECT_TRUE(valid.ok) << valid.message;
+  // Degree 4 x TP 2 = 8 does not divide 4 KV heads (degree 4 alone would).
+  plan.micro_batches[0].groups[0] = split_group(Scheme::ulysses, {0, 1, 2, 3}, {{0, 4096}});
+  const ValidationResult ulysses = validate(plan, cost);
+  EXPECT_FALSE(ulysses.ok);
+  EXPECT_EQ(ulysses.message,
+            "micro-batch 0, group 0 (ulysses): Ulysses degree 4 at tensor parallelism 2 splits "
+            "the model's 4 KV heads 8 ways, which does not divide them; use a degree d with d x "
+            "2 dividing 4");
+  // A plan of TP groups against a cost model without TP (and back).
+  const testing::FakeCostModel plain(testing::small_cluster(2, 8), testing::small_model());
+  const ValidationResult mismatch = validate(plan, plain);
+  EXPECT_FALSE(mismatch.ok);
+  EXPECT_EQ(mismatch.message,
+            "the plan is for tensor parallelism 2 (cluster field tensor_parallel.gpus) but the "
+            "cost model's cluster has 1; plan and simulate with the same --tp");
 }
 
 TEST(Validate, RoutingProxiesInRange) {

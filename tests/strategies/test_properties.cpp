@@ -2,7 +2,8 @@
 // the bundled datasets, log-uniform random lengths and adversarial shapes (all-equal
 // lengths, lengths of 1, powers of two plus one, one sequence of exactly one GPU's or the
 // whole cluster's capacity, a sequence at and one past the strategy's limit, mixtures) over
-// ten setups: cluster shapes, models (GQA and MHA) and both cost models. Each batch either
+// thirteen setups: cluster shapes, models (GQA and MHA), both cost models, full
+// recomputation and tensor parallelism (two setups of TP groups, at a fifth of the batches). Each batch either
 // raises a PlanningError naming a sequence the strategy cannot hold (exactly when its
 // longest sequence exceeds Planner::longest_sequence_tokens), or gives a plan that
 // validates, simulates to at least the lower bound, and is byte-identical (same simulated
@@ -30,6 +31,7 @@
 #include "ballast/error.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/tensor_parallel.hpp"
 #include "ballast/workload.hpp"
 #include "builders.hpp"
 
@@ -42,6 +44,7 @@ namespace {
 struct PropertySetup {
   std::string label;
   std::unique_ptr<CostModel> cost;
+  double batch_share = 1.0;  ///< of kBatchesPerSetup (the TP setups run fewer)
 };
 
 /// h100 with `gpus_per_node` GPUs and `nics_per_node` NICs per node (fewer NICs than GPUs:
@@ -84,6 +87,20 @@ const std::vector<PropertySetup>& setups() {
     made.push_back({"h100 2x8 llama-7b, full recomputation",
                     make_cost_model(load_cost_model_spec("analytical"), load_cluster("h100", 2),
                                     recomputed)});
+    // Tensor parallelism: ranks are TP groups. TP 2 on llama3-8b leaves 4 KV heads per
+    // GPU for Ulysses; TP groups spanning NICs (h100) and sharing one (4 GPUs per NIC, with
+    // full recomputation: the forward's TP collectives run twice).
+    const auto add_tp = [&](std::string label, const Cluster& gpus, Model shape, int tp) {
+      made.push_back({std::move(label),
+                      make_cost_model(load_cost_model_spec("analytical"),
+                                      tensor_parallel_units(gpus, shape, tp), shape),
+                      0.2});
+    };
+    add_tp("h100 2x8 llama3-8b, TP 2", load_cluster("h100", 2), load_model("llama3-8b"), 2);
+    Model recomputed_gqa = load_model("llama3-8b");
+    recomputed_gqa.recompute = Recompute::full;
+    add_tp("h100 2x8, 2 NICs/node, llama3-8b, TP 2, full recomputation", reshaped_h100(2, 8, 2),
+           recomputed_gqa, 2);
     return made;
   }();
   return all;
@@ -361,6 +378,8 @@ TEST_P(StrategyProperties, ValidAboveTheBoundAndDeterministic) {
     const PropertySetup& setup = setups()[s];
     const CostModel& cost = *setup.cost;
     if (milp && cost.cluster().ranks() > kMilpMaxGpus) continue;
+    const int setup_batches =
+        std::max(1, static_cast<int>(std::lround(per_setup * setup.batch_share)));
     Capacities capacity;
     capacity.ranks = cost.cluster().ranks();
     const SimulatorEvaluator evaluator(cost);  // one per cost model, as compare keeps one
@@ -368,7 +387,7 @@ TEST_P(StrategyProperties, ValidAboveTheBoundAndDeterministic) {
     capacity.gpu = usable_tokens_per_rank(cost, Scheme::local, 1);
     capacity.ring_gpu = usable_tokens_per_rank(cost, Scheme::ring, 2);
     capacity.cluster = capacity.ring_gpu * capacity.ranks;
-    for (int i = 0; i < per_setup; ++i) {
+    for (int i = 0; i < setup_batches; ++i) {
       // The seed depends on the setup and index only: every strategy sees the same batches.
       const auto seed = static_cast<std::uint64_t>(s * 100'003 + static_cast<std::size_t>(i));
       const auto shape =
@@ -435,11 +454,14 @@ TEST(EstimateAgainstSimulator, UlyssesPlansAgreeWithinATenthOfAPercent) {
   // batch-adaptive ranks degrees by estimate_plan_time_s; the simulator is the reference.
   // Ulysses groups are disjoint and synchronous, so both must agree up to the one-token
   // differences between members (the estimate takes each member's own sum).
-  for (const auto& [cluster, nodes, model, cost_model] :
-       {std::tuple{"a100-ib400", 2, "gpt-7b", "flexsp-a100-192k"},
-        std::tuple{"h100", 2, "llama-7b", "analytical"}}) {
-    const auto cost = make_cost_model(load_cost_model_spec(cost_model), load_cluster(cluster, nodes),
-                                      load_model(model));
+  for (const auto& [cluster, nodes, model, cost_model, tp] :
+       {std::tuple{"a100-ib400", 2, "gpt-7b", "flexsp-a100-192k", 1},
+        std::tuple{"h100", 2, "llama-7b", "analytical", 1},
+        std::tuple{"h100", 2, "llama-7b", "analytical", 2}}) {
+    const Model shape = load_model(model);
+    const auto cost = make_cost_model(load_cost_model_spec(cost_model),
+                                      tensor_parallel_units(load_cluster(cluster, nodes), shape, tp),
+                                      shape);
     const SimulatorEvaluator evaluator(*cost);
     std::uint64_t state = 7;
     for (int trial = 0; trial < 20; ++trial) {
@@ -455,7 +477,7 @@ TEST(EstimateAgainstSimulator, UlyssesPlansAgreeWithinATenthOfAPercent) {
         const double simulated_s =
             simulate(plan, *cost, {.gradient_sync = GradientSync::end}).step_time_s;
         EXPECT_NEAR(estimate_plan_time_s(plan, *cost) / simulated_s, 1.0, 1e-3)
-            << cluster << " degree " << degree << " trial " << trial;
+            << cluster << " tp " << tp << " degree " << degree << " trial " << trial;
       }
     }
   }
