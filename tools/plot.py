@@ -30,6 +30,7 @@ CATEGORY_COLOURS = {
     "all-gather inter-node": "#8c564b",
     "remap": "#17becf",
     "gradient sync": "#595959",
+    "tensor parallel": "#bcbd22",
     "": "#000000",
 }
 CATEGORY_ORDER = list(CATEGORY_COLOURS)

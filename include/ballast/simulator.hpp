@@ -44,13 +44,16 @@ struct RankTimes {
   Seconds communication_s = 0;  ///< union of intervals with a transfer/collective of this rank
   Seconds exposed_communication_s = 0;  ///< communication not overlapped by own compute
   Seconds idle_s = 0;           ///< step - busy - exposed communication
+  /// Peak memory of one GPU of the rank: with tensor parallelism the rank is a TP group of
+  /// N GPUs that hold 1/N of its bytes each (ceil(rank peak / N)).
   Bytes peak_memory_bytes = 0;
 };
 
 /// A lower bound on the step time of any plan for a batch on a cluster and cost model.
 struct LowerBound {
   Seconds time_s = 0;
-  Seconds compute_per_rank_s = 0;  ///< (sum of linear + attention-pair floors) / ranks
+  /// (sum of linear + attention-pair floors + TP collectives' bandwidth time) / ranks
+  Seconds compute_per_rank_s = 0;
   Seconds overhead_s = 0;          ///< memory-forced micro-batches * per-micro-batch overhead
   Seconds gradient_sync_s = 0;     ///< the part of the gradient sync no schedule hides
   std::int64_t min_micro_batches = 1;  ///< ceil(total tokens / (ranks * token capacity))
@@ -62,7 +65,8 @@ inline double gap_to_lower_bound(Seconds step_s, Seconds lower_bound_s) {
   return lower_bound_s > 0 ? step_s / lower_bound_s - 1.0 : 0.0;
 }
 
-/// max(compute / ranks, ...) + overheads + the gradient sync that no schedule hides (all
+/// max(compute / ranks, ...) + overheads (with TP, the TP collectives' latency per
+/// rank-micro-batch too) + the gradient sync that no schedule hides (all
 /// of it with GradientSync::end; its last bucket, which waits for the end of the last
 /// backward pass, with overlap); no plan beats it.
 LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost,
@@ -80,7 +84,7 @@ struct SimulationReport {
   std::vector<RankTimes> ranks;
   double imbalance = 1;  ///< max busy / mean busy
   double exposed_communication_fraction = 0;  ///< sum exposed comm / (ranks * step)
-  Bytes peak_memory_bytes = 0;  ///< max over ranks
+  Bytes peak_memory_bytes = 0;  ///< max over ranks, per GPU (RankTimes::peak_memory_bytes)
   Seconds gradient_sync_s = 0;  ///< the whole synchronisation, as if nothing hid it
   /// The part of the step after the last rank's last compute or transfer: the gradient
   /// sync the backward pass did not hide (gradient_sync_s with GradientSync::end).
@@ -88,6 +92,7 @@ struct SimulationReport {
   GradientSync gradient_sync = GradientSync::overlap;
   int micro_batches = 0;
   int gpus_per_node = 1;  ///< the plan's cluster, to name trace processes "rank r (node n)"
+  int tensor_parallel = 1;  ///< GPUs per rank (TP group), to name trace processes
   std::vector<TraceEvent> trace;  ///< filled when options.record_trace
 };
 
@@ -133,7 +138,8 @@ class SimulatorEvaluator final : public PlanEvaluator {
 
 /// The report's trace as Chrome trace-event JSON (trace.hpp's writer for its ranks).
 inline void write_chrome_trace(const SimulationReport& report, std::ostream& out) {
-  write_chrome_trace(report.trace, static_cast<int>(report.ranks.size()), report.gpus_per_node, out);
+  write_chrome_trace(report.trace, static_cast<int>(report.ranks.size()), report.gpus_per_node, out,
+                     report.tensor_parallel);
 }
 
 }  // namespace ballast

@@ -25,6 +25,8 @@ inline constexpr const char* kLinear = "linear";
 inline constexpr const char* kOverhead = "overhead";
 inline constexpr const char* kRemap = "remap";
 inline constexpr const char* kGradientSync = "gradient sync";
+/// Tensor-parallel all-gathers and reduce-scatters of the linear modules (--tp).
+inline constexpr const char* kTensorParallel = "tensor parallel";
 }  // namespace trace_category
 
 /// One interval of a rank's timeline (simulated or measured).
@@ -41,9 +43,10 @@ struct TraceEvent {
 };
 
 /// Chrome trace-event JSON (open in ui.perfetto.dev): one process per rank named "rank r
-/// (node n)", one thread per lane, times in microseconds, the category in args.
+/// (node n)", one thread per lane, times in microseconds, the category in args. With
+/// tensor_parallel N > 1 a rank is a TP group: "TP group r (GPUs rN-rN+N-1, node n)".
 void write_chrome_trace(std::span<const TraceEvent> events, int ranks, int gpus_per_node,
-                        std::ostream& out);
+                        std::ostream& out, int tensor_parallel = 1);
 
 /// One labelled timeline of a run ("measured", "predicted").
 struct TraceTimeline {
@@ -54,7 +57,7 @@ struct TraceTimeline {
 /// t * ranks + r named "<label> rank r (node n)", so the timelines sit one above the other
 /// (ui.perfetto.dev) and a person sees where they part.
 void write_chrome_trace(std::span<const TraceTimeline> timelines, int ranks, int gpus_per_node,
-                        std::ostream& out);
+                        std::ostream& out, int tensor_parallel = 1);
 
 /// Events as compact JSON text and back (what ranks send to rank 0); throws InputError on
 /// text that is not such a list.

@@ -67,6 +67,11 @@ void write_report_text(const SimulationReport& report, const Cluster& cluster, s
   const char* all_ranks = current_frontend() == Frontend::python
                               ? "report.ranks or report.to_json()"
                               : "--format csv or json";
+  const int tp = cluster.tensor_parallel.gpus;
+  if (tp > 1) {
+    fmt::print(out, "  ranks are TP groups of {} GPUs (rank r: GPUs {}r to {}r+{}); peak memory per GPU\n",
+               tp, tp, tp, tp - 1);
+  }
   fmt::print(out, "  busiest {} of {} ranks (all ranks: {}):\n", rows, order.size(), all_ranks);
   fmt::print(out, "  {:>6} {:>5} {:>10} {:>10} {:>11} {:>10} {:>9}\n", "rank", "node", "busy (s)",
              "comm (s)", "exposed (s)", "idle (s)", "peak GiB");

@@ -11,14 +11,24 @@ namespace ballast {
 
 namespace {
 
-/// Linear layers plus attention at its pair floor, forward (twice under full
-/// recomputation) and backward, all sequences.
+/// The TP collectives' time that grows with the tokens (0 without TP): a rank runs its
+/// TP collectives between its compute tasks, never beside them, so every token's share
+/// adds to some rank's serial time; their latency is paid once per rank and micro-batch.
+/// Both passes, the forward's twice under full recomputation (tensor_parallel_time_s).
+Seconds tensor_parallel_bandwidth_s(Tokens tokens, const CostModel& cost) {
+  if (tokens <= 0) return 0.0;
+  return cost.tensor_parallel_time_s(tokens) - cost.tensor_parallel_latency_s();
+}
+
+/// Linear layers (with their TP collectives' bandwidth time) plus attention at its pair
+/// floor, forward (twice under full recomputation) and backward, all sequences.
 Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
   const double forward_passes = cost.model().forward_passes();
   Seconds total_s = 0;
   for (Tokens length : lengths_tokens) {
     const double pairs = static_cast<double>(length) * static_cast<double>(length + 1) / 2.0;
-    total_s += forward_passes * (cost.linear_time_s(length, Pass::forward) +
+    total_s += tensor_parallel_bandwidth_s(length, cost) +
+               forward_passes * (cost.linear_time_s(length, Pass::forward) +
                                  cost.attention_pair_floor_s(pairs, Pass::forward)) +
                cost.linear_time_s(length, Pass::backward) +
                cost.attention_pair_floor_s(pairs, Pass::backward);
@@ -52,6 +62,8 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   const Tokens capacity_tokens = cost.token_capacity_per_rank();
   const Seconds overhead_s =
       cost.micro_batch_overhead_s(Pass::forward) + cost.micro_batch_overhead_s(Pass::backward);
+  // Paid like the overhead by every rank-micro-batch holding tokens.
+  const Seconds per_slot_s = overhead_s + cost.tensor_parallel_latency_s();
 
   LowerBound bound;
   // An empty batch needs no micro-batch (and pays no overhead).
@@ -68,14 +80,16 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   // overhead: at least ceil(total / capacity) such slots exist, shared by all ranks.
   const Tokens slots = ceil_div(total_tokens, capacity_tokens);
   const Seconds spread_s =
-      bound.compute_per_rank_s + static_cast<double>(slots) * overhead_s / ranks;
+      bound.compute_per_rank_s + static_cast<double>(slots) * per_slot_s / ranks;
   // The rank with the most linear tokens holds >= ceil(total / ranks) of them, at most
   // `capacity` per micro-batch, so it runs >= min_micro_batches micro-batches.
   const Tokens fullest_tokens = ceil_div(total_tokens, ranks);
   const Seconds fullest_s =
       bound.overhead_s +
       cost.model().forward_passes() * cost.linear_time_s(fullest_tokens, Pass::forward) +
-      cost.linear_time_s(fullest_tokens, Pass::backward);
+      cost.linear_time_s(fullest_tokens, Pass::backward) +
+      tensor_parallel_bandwidth_s(fullest_tokens, cost) +
+      static_cast<double>(bound.min_micro_batches) * cost.tensor_parallel_latency_s();
   if (spread_s >= fullest_s) {
     bound.binding = fmt::format("compute spread over {} ranks", ranks);
   } else {

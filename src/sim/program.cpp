@@ -1,5 +1,6 @@
-// Each rank's program for one step as tasks: per micro-batch overhead, linear layers,
-// remaps and attention groups in queue order, forward then backward; then gradient sync.
+// Each rank's program for one step as tasks: per micro-batch overhead, linear layers (with
+// their tensor-parallel collectives), remaps and attention groups in queue order, forward
+// then backward; then gradient sync.
 #include "program.hpp"
 
 #include <fmt/format.h>
@@ -172,6 +173,16 @@ class StepBuilder {
     const double qkv_fraction = cost_.model().qkv_flops_fraction();
     const bool forward = pass == Pass::forward;
     if (forward) add_overhead(m, layout, pass);
+    // Per layer, Megatron-LM's sequence parallelism all-gathers before the QKV projection,
+    // reduce-scatters after the output projection, all-gathers before the MLP and
+    // reduce-scatters after it; backward swaps the two kinds. Charged for all layers, the
+    // one before the first linear task and the three after the second (forward; the mirror
+    // image backward).
+    if (forward) {
+      add_tensor_parallel(m, layout, 1, 0, "tensor parallel all-gather fwd");
+    } else {
+      add_tensor_parallel(m, layout, 2, 1, "tensor parallel all-gather, reduce-scatter, all-gather bwd");
+    }
     add_linear(m, layout, pass, forward ? "linear qkv" : "linear out+mlp",
                forward ? qkv_fraction : 1 - qkv_fraction);
     add_remap(m, layout, pass, /*to_attention=*/true);
@@ -182,7 +193,35 @@ class StepBuilder {
     add_remap(m, layout, pass, /*to_attention=*/false);
     add_linear(m, layout, pass, forward ? "linear out+mlp" : "linear qkv",
                forward ? 1 - qkv_fraction : qkv_fraction);
-    if (!forward) add_overhead(m, layout, pass);
+    if (forward) {
+      add_tensor_parallel(m, layout, 1, 2, "tensor parallel reduce-scatter, all-gather, reduce-scatter fwd");
+    } else {
+      add_tensor_parallel(m, layout, 0, 1, "tensor parallel reduce-scatter bwd");
+      add_overhead(m, layout, pass);
+    }
+  }
+
+  /// The TP collectives of each rank with linear tokens (`all_gathers` and
+  /// `reduce_scatters` per layer over its linear tokens) as one collective on the rank's
+  /// NVLink ports: its N GPUs' links, which its ring, Ulysses and remap transfers use too.
+  /// Not overlapped with compute (Megatron-LM's default). Nothing without TP.
+  void add_tensor_parallel(int m, const MicroBatchLayout& layout, int all_gathers,
+                           int reduce_scatters, const char* what) {
+    if (cost_.cluster().tensor_parallel.gpus <= 1) return;
+    graph_.set_category(trace_category::kTensorParallel);
+    for (int rank = 0; rank < ranks(); ++rank) {
+      const Tokens tokens = layout.linear_tokens[rank];
+      const Seconds duration_s =
+          all_gathers * cost_.tensor_parallel_collective_time_s(CollectiveOp::all_gather, tokens) +
+          reduce_scatters *
+              cost_.tensor_parallel_collective_time_s(CollectiveOp::reduce_scatter, tokens);
+      if (duration_s <= 0) continue;
+      const int member[] = {rank};
+      const int ports[] = {ports_.nvlink_tx(rank), ports_.nvlink_rx(rank)};
+      const int deps[] = {cursor_[rank]};
+      cursor_[rank] = graph_.add_collective(member, m, duration_s, ports, deps,
+                                            [&] { return std::string(what); });
+    }
   }
 
   void add_overhead(int m, const MicroBatchLayout& layout, Pass pass) {

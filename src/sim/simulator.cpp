@@ -165,6 +165,7 @@ SimulationReport simulate_validated(const Plan& plan, const CostModel& cost,
   SimulationReport report;
   report.strategy = plan.strategy;
   report.gpus_per_node = plan.cluster.gpus_per_node;
+  report.tensor_parallel = plan.cluster.tensor_parallel.gpus;
   report.micro_batches = static_cast<int>(plan.micro_batches.size());
   report.gradient_sync_s = cost.gradient_sync_time_s();
   report.gradient_sync = options.gradient_sync;
@@ -179,8 +180,9 @@ SimulationReport simulate_validated(const Plan& plan, const CostModel& cost,
   account_ranks(graph, report.step_time_s, report.ranks);
   const std::vector<Bytes> peak_bytes = peak_memory_bytes_per_rank(plan, cost);
   BALLAST_CHECK(peak_bytes.size() == report.ranks.size(), "one peak memory per rank");
+  const Bytes gpus_per_rank = plan.cluster.tensor_parallel.gpus;
   for (std::size_t r = 0; r < report.ranks.size(); ++r)
-    report.ranks[r].peak_memory_bytes = peak_bytes[r];
+    report.ranks[r].peak_memory_bytes = ceil_div(peak_bytes[r], gpus_per_rank);
   summarise(report);
   if (options.record_trace) report.trace = trace_of(graph);
   return report;

@@ -32,22 +32,28 @@ int trace_lane_index(const std::string& lane) {
 }
 
 void write_chrome_trace(std::span<const TraceEvent> events, int ranks, int gpus_per_node,
-                        std::ostream& out) {
+                        std::ostream& out, int tensor_parallel) {
   const TraceTimeline timeline{"", events};
-  write_chrome_trace(std::span<const TraceTimeline>(&timeline, 1), ranks, gpus_per_node, out);
+  write_chrome_trace(std::span<const TraceTimeline>(&timeline, 1), ranks, gpus_per_node, out,
+                     tensor_parallel);
 }
 
 void write_chrome_trace(std::span<const TraceTimeline> timelines, int ranks, int gpus_per_node,
-                        std::ostream& out) {
+                        std::ostream& out, int tensor_parallel) {
   nlohmann::json json_events = nlohmann::json::array();
   gpus_per_node = std::max(1, gpus_per_node);
   for (std::size_t t = 0; t < timelines.size(); ++t) {
     const std::string prefix = timelines[t].label.empty() ? "" : timelines[t].label + " ";
     for (int rank = 0; rank < ranks; ++rank) {
       const int pid = static_cast<int>(t) * ranks + rank;
-      json_events.push_back(metadata(pid, 0, "process_name",
-                                     fmt::format("{}rank {} (node {})", prefix, rank,
-                                                 rank / gpus_per_node)));
+      const int node = rank / gpus_per_node;
+      const std::string process =
+          tensor_parallel > 1
+              ? fmt::format("{}TP group {} (GPUs {}-{}, node {})", prefix, rank,
+                            rank * tensor_parallel, rank * tensor_parallel + tensor_parallel - 1,
+                            node)
+              : fmt::format("{}rank {} (node {})", prefix, rank, node);
+      json_events.push_back(metadata(pid, 0, "process_name", process));
       json_events.push_back({{"name", "process_sort_index"},
                              {"ph", "M"},
                              {"pid", pid},

@@ -495,5 +495,47 @@ TEST_F(SimulatorGolden, RemapMovesTokensAndChargesTransfers) {
   EXPECT_NEAR(start_of(report, 0, "remap fwd to attention", "recv"), ms(0.125), kTolerance_s);
 }
 
+TEST_F(SimulatorGolden, TensorParallelCollectivesRunBetweenTheLinearTasks) {
+  // Ranks are TP groups of 2 GPUs: per token and layer an all-gather costs 0.01 ms
+  // (12 bytes x 1/2 / 6e5 B/s) + 0.1 ms latency, a reduce-scatter 0.02 ms + 0.2 ms.
+  Cluster cluster = fake_cluster(1, 2, 1);
+  cluster.tensor_parallel = {2, {2, ms(0.1), 6e5}, {2, ms(0.2), 3e5}};
+  FakeCostModel cost(cluster, fake_model());
+  Plan plan = testing::empty_plan(cost, {100, 50});
+  plan.micro_batches.push_back(
+      {{testing::local_group(0, 0, 100), testing::local_group(1, 1, 50)}, {}, {}});
+  const SimulationReport report = run(plan, cost);
+  // rank 0, 100 tokens: all-gather 1.1, reduce-scatter 2.2.
+  //   fwd: ag [0, 1.1]; qkv 0.25; attention 5.05; out+mlp 0.75 -> 7.15; rs+ag+rs 5.5 -> 12.65
+  //   bwd: ag+rs+ag 4.4 -> 17.05; out+mlp 1.5; attention 10.1; qkv 0.5 -> 29.15; rs 2.2
+  //   -> 31.35; sync [31.35, 36.35]
+  // Compute as without TP (18.15); TP 2 x (2 x 1.1 + 2 x 2.2) = 13.2 exposed, + sync 5.
+  // rank 1, 50 tokens: all-gather 0.6, reduce-scatter 1.2: TP 7.2, compute 5.325.
+  EXPECT_NEAR(report.step_time_s, ms(36.35), kTolerance_s);
+  expect_rank(report, 0, 18.15, 18.2, 0);
+  expect_rank(report, 1, 5.325, 12.2, 36.35 - 5.325 - 12.2);
+  EXPECT_NEAR(start_of(report, 0, "linear qkv fwd"), ms(1.1), kTolerance_s);
+  expect_intervals(
+      intervals_ms(report, 0, "tensor parallel reduce-scatter, all-gather, reduce-scatter fwd",
+                   "collective"),
+      {{7.15, 12.65}});
+  expect_intervals(
+      intervals_ms(report, 0, "tensor parallel all-gather, reduce-scatter, all-gather bwd",
+                   "collective"),
+      {{12.65, 17.05}});
+  expect_intervals(intervals_ms(report, 0, "tensor parallel reduce-scatter bwd", "collective"),
+                   {{29.15, 31.35}});
+  for (const TraceEvent& event : report.trace) {
+    if (event.name.rfind("tensor parallel", 0) == 0) {
+      EXPECT_EQ(event.category, "tensor parallel");
+    }
+  }
+  EXPECT_EQ(report.tensor_parallel, 2);
+  // The cost model's figure for a micro-batch, both passes (what planners and the lower
+  // bound use), is what the simulator runs.
+  EXPECT_NEAR(cost.tensor_parallel_time_s(100), ms(13.2), kTolerance_s);
+  EXPECT_NEAR(cost.tensor_parallel_latency_s(), ms(2 * (2 * 0.1 + 2 * 0.2)), kTolerance_s);
+}
+
 }  // namespace
 }  // namespace ballast
