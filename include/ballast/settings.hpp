@@ -19,6 +19,9 @@ struct RunSettings {
   std::string dataset = "wlbllm";  ///< bundled name or length-file path
   std::string cluster = "h100";    ///< preset or JSON file
   std::optional<int> nodes;        ///< overrides the cluster's node count
+  /// --tp: GPUs per tensor-parallel group; the planners' ranks are the TP groups
+  /// (tensor_parallel_units()). 1 = no tensor parallelism.
+  int tensor_parallel = 1;
   std::string model = "llama-7b";  ///< preset or JSON file
   /// --recompute: overrides the model's activation recomputation (presets: selective).
   std::optional<Recompute> recompute;

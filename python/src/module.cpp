@@ -40,7 +40,19 @@ struct PyPlan {
   std::shared_ptr<const CostModel> cost;
 };
 
+/// The module plans and executes (ballast.torch) one rank per device: a cluster of
+/// tensor-parallel groups (a plan made with the CLI's --tp) is refused, not mis-executed.
+void reject_tensor_parallel(const Cluster& cluster, const std::string& source) {
+  if (cluster.tensor_parallel.gpus <= 1) return;
+  throw InputError(fmt::format(
+      "{}: tensor parallelism {} is not yet executed by ballast's runtime or this module "
+      "(the CLI's ballast plan, simulate and compare price it); use a plan made without "
+      "tensor parallelism",
+      source, cluster.tensor_parallel.gpus));
+}
+
 std::shared_ptr<const CostModel> cost_of(const Plan& plan) {
+  reject_tensor_parallel(plan.cluster, "plan");
   return make_cost_model(plan.cost_model, plan.cluster, plan.model);
 }
 
@@ -153,6 +165,7 @@ PyPlan make_plan(const py::array_t<std::int64_t, py::array::c_style | py::array:
   std::vector<Tokens> values = lengths_from(lengths);
   py::gil_scoped_release release;  // planning is pure C++: data-loader threads keep running
   validate_cluster(cluster, "cluster " + cluster.name);
+  reject_tensor_parallel(cluster, "cluster " + cluster.name);
   validate_model(model, "model " + model.name);
   const nlohmann::json spec = load_cost_model_spec(cost_model);
   std::shared_ptr<const CostModel> cost = make_cost_model(spec, cluster, model);

@@ -25,6 +25,17 @@ namespace ballast::driver {
 
 namespace {
 
+/// The runtime executes one rank per device; a TP group would need the linear modules
+/// split and their collectives run, which it does not do yet (the planner and the
+/// simulator price TP; docs/cost-model.md, "Tensor parallelism").
+void reject_tensor_parallel(int tensor_parallel, const std::string& source) {
+  if (tensor_parallel <= 1) return;
+  throw InputError(fmt::format(
+      "{}: tensor parallelism {} is not yet executed by ballast's runtime (ballast plan, "
+      "simulate and compare price it); run without {}",
+      source, tensor_parallel, setting_name("--tp")));
+}
+
 /// Throws InputError naming `source` when `plan` cannot run on this job: another rank
 /// count, other heads or KV heads than the model (Ulysses members own head ranges, so
 /// the plan's groups were sized for its heads), or a micro-batch whose MPI messages would
@@ -32,6 +43,7 @@ namespace {
 /// costs and memory, not what runs, so they may differ. Runs on every rank before any
 /// communication, so every rank raises the same error and none blocks in MPI.
 void check_plan_matches_job(const Plan& plan, const RunOptions& options, int ranks, const std::string& source) {
+  reject_tensor_parallel(plan.cluster.tensor_parallel.gpus, source);
   if (plan.cluster.ranks() != ranks) {
     throw InputError(fmt::format("{}: the plan is for {} ranks but the job has {}; run with "
                                  "mpirun -np {}", source, plan.cluster.ranks(), ranks,
@@ -74,6 +86,7 @@ std::vector<Plan> read_plans(const RunOptions& options, int ranks) {
 }
 
 std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
+  reject_tensor_parallel(options.settings.tensor_parallel, setting_name("--tp"));
   if (options.length_scale < 1) throw InputError("--length-scale must be at least 1");
   if (options.rank_tokens < 1) throw InputError("--rank-tokens must be at least 1");
   if (options.settings.steps < 1) {

@@ -10,6 +10,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/simulator.hpp"
+#include "ballast/tensor_parallel.hpp"
 
 namespace ballast {
 
@@ -19,9 +20,10 @@ RunInputs resolve_inputs(const RunSettings& settings) {
   }
   RunInputs inputs;
   inputs.dataset = load_dataset(settings.dataset);
-  const Cluster cluster = load_cluster(settings.cluster, settings.nodes);
   Model model = load_model(settings.model);
   if (settings.recompute) model.recompute = *settings.recompute;
+  const Cluster cluster = tensor_parallel_units(load_cluster(settings.cluster, settings.nodes),
+                                                model, settings.tensor_parallel);
   inputs.cost = make_cost_model(load_cost_model_spec(settings.cost_model), cluster, model);
   inputs.cost->token_capacity_per_rank();  // fails early, naming model and cluster
   BatchSampler sampler(inputs.dataset, settings.sampler);
@@ -109,9 +111,7 @@ CompareResult run_compare(const RunSettings& settings, const CompareProgress& pr
       "{} ({} documents, mean {:.0f} tokens, max {})", inputs.dataset.name,
       with_thousands(inputs.dataset.documents()), inputs.dataset.mean_length_tokens(),
       with_thousands(inputs.dataset.max_length_tokens()));
-  compare.cluster_description =
-      fmt::format("{} ({} nodes x {} {}, {} GPUs)", cluster.name, cluster.nodes,
-                  cluster.gpus_per_node, cluster.gpu_name, cluster.ranks());
+  compare.cluster_description = describe_cluster(cluster);
   compare.sampler_stats = inputs.sampler_stats;
   double sequences = 0, tokens = 0;
   for (const Batch& batch : inputs.batches) {

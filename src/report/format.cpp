@@ -133,6 +133,8 @@ nlohmann::ordered_json compare_to_json(const CompareResult& result) {
       {"grad_sync", gradient_sync_name(settings.gradient_sync)},
       {"baseline", result.baseline},
   };
+  // Only with TP, so reports without it keep their bytes (docs/compare-schema.md).
+  if (settings.tensor_parallel > 1) json["settings"]["tp"] = settings.tensor_parallel;
   json["workload"] = {
       {"sequences_per_step", result.sequences_per_step},
       {"tokens_per_step", result.tokens_per_step},

@@ -51,7 +51,7 @@ void apply_scenario(const Scenario& scenario, RunSettings& settings) {
   static constexpr std::string_view kSettingKeys[] = {
       "dataset", "cluster",    "nodes",  "model",      "cost_model", "strategies",
       "baseline", "steps",     "seed",   "tokens_per_step", "batch_size", "max_context",
-      "over_context", "sampling", "degree", "grad_sync", "recompute"};
+      "over_context", "sampling", "degree", "grad_sync", "recompute", "tp"};
   reject_unknown_keys(json, kSettingKeys, source + ": settings");  settings.dataset = optional_field<std::string>(json, "dataset", settings.dataset, source);
   settings.cluster = optional_field<std::string>(json, "cluster", settings.cluster, source);
   if (json.contains("nodes")) settings.nodes = required_field<int>(json, "nodes", source);
@@ -89,6 +89,7 @@ void apply_scenario(const Scenario& scenario, RunSettings& settings) {
                                          source + ": recompute");
   }
   if (json.contains("degree")) settings.planner.degree = required_field<int>(json, "degree", source);
+  settings.tensor_parallel = optional_field<int>(json, "tp", settings.tensor_parallel, source);
 }
 
 }  // namespace ballast

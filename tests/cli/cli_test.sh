@@ -290,4 +290,33 @@ echo "previous contents" > "$work/kept.json"
 check "failed plan keeps an existing -o file" grep -qx "previous contents" "$work/kept.json"
 expect_error "unwritable -o" "cannot write" plan --strategy hybrid-dp --nodes 1 -o "$work/no-such-folder/plan.json"
 
+# --- tensor parallelism (--tp): plans on TP groups, validates, simulates; bad degrees ---
+code=$(run "$work/tp.json" "$work/err" "$ballast" plan --strategy zeppelin --cluster h200 --nodes 2 --model llama-13b --tp 2 --tokens-per-step 131072)
+check "plan --tp 2 exits 0" test "$code" = 0
+check "a TP plan's cluster says so" has "$work/tp.json" '"tensor_parallel"'
+code=$(run "$work/tp-valid.txt" "$work/err" "$ballast" validate "$work/tp.json")
+check "a TP plan validates" test "$code" = 0
+code=$(run "$work/tp-sim.txt" "$work/err" "$ballast" simulate --plan "$work/tp.json")
+check "a TP plan simulates" test "$code" = 0
+check "simulate names TP groups" has "$work/tp-sim.txt" "ranks are TP groups of 2 GPUs"
+code=$(run "$work/tp-compare.json" "$work/err" "$ballast" compare --cluster h200 --nodes 2 --model llama-13b --tp 2 --steps 1 --tokens-per-step 131072 --strategies static-cp,hybrid-dp,zeppelin --format json)
+check "compare --tp 2 exits 0" test "$code" = 0
+check "compare --tp 2 reports TP" /usr/bin/python3 - "$work/tp-compare.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["settings"]["tp"] == 2, doc["settings"]
+assert doc["settings"]["cluster_description"].endswith("16 GPUs in 8 TP groups of 2)"), doc["settings"]
+assert all(r["error"] is None and r["step_time_s"] >= r["lower_bound_s"] for r in doc["results"]), doc
+PY
+expect_error "--tp 3 on 8 GPUs per node" "--tp 3 is not valid for cluster 'h100' (8 GPUs per node" compare --tp 3 --steps 1
+check "--tp 3 lists the valid values" has "$work/err" "valid values: 1, 2, 4, 8"
+expect_error "--tp 16 with 8 KV heads" "--tp 16 is not valid" compare --model llama3-8b --tp 16 --steps 1
+check "--tp 16 names the KV heads" has "$work/err" "8 KV heads"
+expect_error "--tp with a profiled cost model" "--tp 2: profiled cost model flexsp-a100-192k was measured without tensor parallelism" \
+  compare --cluster a100-ib400 --model gpt-7b --cost-model flexsp-a100-192k --tp 2 --steps 1
+check "--tp with a profiled cost model says what to do" has "$work/err" "use --cost-model analytical or drop --tp"
+expect_error "Ulysses degree x TP over the KV heads" "--degree 8 is not valid for static-ulysses" \
+  plan --strategy static-ulysses --model llama3-8b --nodes 2 --tp 2 --degree 8 --tokens-per-step 65536
+check "the Ulysses error names --tp" has "$work/err" "at --tp 2 (degree x 2 must divide 8)"
+
 finish cli

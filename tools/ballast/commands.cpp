@@ -85,8 +85,7 @@ nlohmann::ordered_json timeline_json(const SimulationReport& report, const Plan&
   json["schema"] = "ballast.timeline/1";
   json["step"] = plan.step;
   const Cluster& cluster = plan.cluster;
-  json["cluster"] = fmt::format("{} ({} nodes x {} {}, {} GPUs)", cluster.name, cluster.nodes,
-                                cluster.gpus_per_node, cluster.gpu_name, cluster.ranks());
+  json["cluster"] = describe_cluster(cluster);
   json["model"] = plan.model.name;
   json["gpus_per_node"] = cluster.gpus_per_node;
   json["sequences"] = plan.sequence_lengths_tokens.size();

@@ -18,6 +18,9 @@ void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
                      "length file: one length per line, a JSON array, or a histogram CSV");
   command.add_option("--cluster", flags.cluster, "cluster preset or JSON file [default: h100]");
   command.add_option("--nodes", flags.nodes, "override the cluster's node count");
+  command.add_option("--tp", flags.tp,
+                     "tensor-parallel degree: GPUs of one node per TP group (Megatron-LM with "
+                     "sequence parallelism); strategies plan on TP groups [default: 1]");
   command.add_option("--model", flags.model, "model preset or JSON file [default: llama-7b]");
   command.add_option("--cost-model", flags.cost_model,
                      "analytical, a profiled preset (flexsp-a100-192k, flexsp-a100-384k) or a "
@@ -74,6 +77,7 @@ void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings) {
   if (flags.lengths_file) settings.dataset = *flags.lengths_file;
   if (flags.cluster) settings.cluster = *flags.cluster;
   if (flags.nodes) settings.nodes = *flags.nodes;
+  if (flags.tp) settings.tensor_parallel = *flags.tp;
   if (flags.model) settings.model = *flags.model;
   if (flags.cost_model) settings.cost_model = *flags.cost_model;
   if (flags.steps) settings.steps = *flags.steps;

@@ -17,7 +17,7 @@ enum class Format { text, csv, json };
 /// Raw flag values; std::nullopt = not given on the command line.
 struct WorkloadFlags {
   std::optional<std::string> dataset, lengths_file, cluster, model, cost_model;
-  std::optional<int> nodes, steps, degree;
+  std::optional<int> nodes, steps, degree, tp;
   std::optional<std::uint64_t> seed;
   std::optional<Tokens> tokens_per_step, max_context;
   std::optional<std::int64_t> batch_size;
