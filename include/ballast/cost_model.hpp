@@ -194,12 +194,13 @@ class CostModel {
   /// (a TP group, cluster().tensor_parallel.gpus = N GPUs) whose linear modules run
   /// `tokens` tokens: Megatron-LM with sequence parallelism runs per layer 2 all-gathers
   /// and 2 reduce-scatters of the tokens x hidden activations in the forward pass and as
-  /// many in the backward pass, each collective_time_s on N GPUs at the GPU-level constants
-  /// of cluster().tensor_parallel; charged for all layers. 0 without TP or tokens.
+  /// many in the backward pass (the forward's twice under full recomputation, which reruns
+  /// them), each collective_time_s on N GPUs at the GPU-level constants of
+  /// cluster().tensor_parallel; charged for all layers. 0 without TP or tokens.
   Seconds tensor_parallel_time_s(Tokens tokens) const;
   /// ONE of those collectives (all_gather or reduce_scatter) per layer, all layers.
   Seconds tensor_parallel_collective_time_s(CollectiveOp op, Tokens tokens) const;
-  /// The part of tensor_parallel_time_s that does not grow with the tokens (the 8
+  /// The part of tensor_parallel_time_s that does not grow with the tokens (the
   /// collectives' latencies, all layers): tensor_parallel_time_s(n) - this is linear in n.
   Seconds tensor_parallel_latency_s() const;
   /// Data-parallel gradient synchronisation over all ranks, once per step.

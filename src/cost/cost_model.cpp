@@ -78,11 +78,16 @@ Seconds CostModel::micro_batch_overhead_s(Pass /*pass*/) const { return 0.0; }
 
 namespace {
 
-/// All-gathers (and as many reduce-scatters) per layer of a micro-batch, forward and
-/// backward, in Megatron-LM's sequence parallelism (Korthikanti et al. 2022, section
-/// 4.2.2): per pass one of each around the attention block and around the MLP (the
-/// backward pass swaps them), 2 passes.
-constexpr int kTensorParallelCollectivesPerLayer = 2 * 2;
+/// All-gathers (and as many reduce-scatters) per layer and pass in Megatron-LM's sequence
+/// parallelism (Korthikanti et al. 2022, section 4.2.2): one of each around the attention
+/// block and around the MLP (the backward pass swaps them).
+constexpr int kTensorParallelCollectivesPerLayerAndPass = 2;
+
+/// Passes of a micro-batch: forward (twice under full recomputation, which reruns the
+/// forward's collectives too) and backward.
+double micro_batch_passes(const Model& model) {
+  return pass_count(model, Pass::forward) + pass_count(model, Pass::backward);
+}
 
 }  // namespace
 
@@ -101,7 +106,7 @@ Seconds CostModel::tensor_parallel_collective_time_s(CollectiveOp op, Tokens tok
 }
 
 Seconds CostModel::tensor_parallel_time_s(Tokens tokens) const {
-  return kTensorParallelCollectivesPerLayer *
+  return micro_batch_passes(model_) * kTensorParallelCollectivesPerLayerAndPass *
          (tensor_parallel_collective_time_s(CollectiveOp::all_gather, tokens) +
           tensor_parallel_collective_time_s(CollectiveOp::reduce_scatter, tokens));
 }
@@ -109,7 +114,7 @@ Seconds CostModel::tensor_parallel_time_s(Tokens tokens) const {
 Seconds CostModel::tensor_parallel_latency_s() const {
   const TensorParallelism& tp = cluster_.tensor_parallel;
   if (tp.gpus <= 1) return 0.0;
-  return kTensorParallelCollectivesPerLayer * model_.layers *
+  return micro_batch_passes(model_) * kTensorParallelCollectivesPerLayerAndPass * model_.layers *
          (tp.all_gather.latency_s + tp.reduce_scatter.latency_s);
 }
 

@@ -175,6 +175,19 @@ TEST(TensorParallelCost, CollectivesArePricedByTheGpuClustersFits) {
   }
 }
 
+TEST(TensorParallelCost, FullRecomputationGathersAndScattersTheForwardAgain) {
+  Model model = load_model("llama-13b");
+  const Cluster units = tensor_parallel_units(load_cluster("h200", 2), model, 2);
+  const auto plain = make_cost_model(load_cost_model_spec("analytical"), units, model);
+  model.recompute = Recompute::full;
+  const auto recomputed = make_cost_model(load_cost_model_spec("analytical"), units, model);
+  // 3 passes (forward, its rerun, backward) instead of 2.
+  EXPECT_NEAR(recomputed->tensor_parallel_time_s(4096), 1.5 * plain->tensor_parallel_time_s(4096),
+              1e-12);
+  EXPECT_NEAR(recomputed->tensor_parallel_latency_s(), 1.5 * plain->tensor_parallel_latency_s(),
+              1e-15);
+}
+
 TEST(TensorParallelCost, ProfiledCoefficientsAreRefused) {
   const Model model = load_model("gpt-7b");
   const Cluster units = tensor_parallel_units(load_cluster("a100-ib400", 2), model, 2);
