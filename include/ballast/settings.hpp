@@ -30,8 +30,17 @@ struct RunSettings {
   std::string baseline;                 ///< empty: static-cp if compared, else the first
   int steps = 4;
   SamplerOptions sampler = default_sampler_options();
-  PlannerOptions planner;
+  PlannerOptions planner;  ///< without the context: see planner_options()
   GradientSync gradient_sync = GradientSync::overlap;  ///< --grad-sync
+
+  /// What every strategy of the run is planned with: `planner` and the run's context
+  /// (--max-context, the longest sequence the sampler lets through), from which the
+  /// static strategies fix their default degree.
+  PlannerOptions planner_options() const {
+    PlannerOptions options = planner;
+    options.context_tokens = sampler.max_context_tokens;
+    return options;
+  }
 
   static SamplerOptions default_sampler_options() {
     SamplerOptions options;

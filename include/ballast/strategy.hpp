@@ -21,9 +21,20 @@
 namespace ballast {
 
 struct PlannerOptions {
-  /// Fixed SP/CP degree for static strategies; default: the smallest power of two whose
-  /// groups hold the batch's longest sequence in memory.
+  /// Fixed SP/CP degree for static strategies (--degree, a spec's degree=N); without it
+  /// they take their default rule (docs/strategies.md, "Default degree").
   std::optional<int> degree;
+  /// A spec's degree=per-step: the static strategies pick, for every batch, the smallest
+  /// power of two whose groups hold that batch's longest sequence, so the degree changes
+  /// from step to step (not how runs are configured; kept for comparison). Never set
+  /// together with `degree`.
+  bool degree_per_step = false;
+  /// The run's context length (--max-context: no sequence of the run is longer). The
+  /// static strategies' default degree is the smallest whose groups hold it, the same for
+  /// every step, as runs fix --context-parallel-size from the context. Every caller that
+  /// plans the batches of a run sets it (RunSettings::planner_options()); without it (a
+  /// batch planned on its own) the batch's longest sequence stands in for it.
+  std::optional<Tokens> context_tokens;
   /// Strategy-specific parameters from a spec "name:key=value" (see StrategySpec); only
   /// keys the planner lists in Planner::parameters() get here.
   std::map<std::string, std::string> parameters;
@@ -41,7 +52,8 @@ class PlanEvaluator {
                                   int routing_proxies, int routing_chunks) const = 0;
 };
 
-/// One parameter a planner takes in a strategy spec ("degree" sets PlannerOptions::degree).
+/// One parameter a planner takes in a strategy spec ("degree" sets PlannerOptions::degree,
+/// or degree_per_step for the value kDegreePerStep).
 struct PlannerParameter {
   std::string key;
   std::string help;  ///< one line: what it does, its values and default
@@ -84,6 +96,9 @@ std::vector<std::string> planner_names();
 /// Throws InputError listing the known strategies.
 const Planner& find_planner(const std::string& name);
 
+/// The value of a spec's "degree" that selects the per-step rule (degree_per_step).
+inline constexpr const char* kDegreePerStep = "per-step";
+
 /// A strategy as written in --strategy, --strategies and scenarios: "name" or
 /// "name:key=value[:key=value...]", e.g. "static-ulysses:degree=32". The text is the
 /// strategy's label in reports, so two specs of one strategy can be compared.
@@ -94,13 +109,14 @@ struct StrategySpec {
 };
 /// Throws InputError naming the spec and the fix: unknown strategy, a parameter not of
 /// the form key=value, a key the strategy does not take (listing those it does), a
-/// repeated key, a degree that is not a positive integer, or a value the planner's
-/// check_options() rejects.
+/// repeated key, a degree that is neither a positive integer nor per-step, or a value the
+/// planner's check_options() rejects.
 StrategySpec parse_strategy_spec(const std::string& text, const PlannerOptions& base = {});
 /// Checks a parsed spec's options against the cluster and model before any batch is
-/// planned (a degree that does not divide the ranks or the KV heads...): throws InputError
-/// naming the spec and the valid values. A strategy that merely cannot run some batch is
-/// not an error here (plan() raises PlanningError for that batch).
+/// planned (a degree that does not divide the ranks or the KV heads, a run's context that
+/// no degree a static strategy can take holds...): throws InputError naming the spec, the
+/// setting and the fix. A strategy that merely cannot run some batch is not an error here
+/// (plan() raises PlanningError for that batch).
 void check_strategy_spec(const StrategySpec& spec, const CostModel& cost);
 
 /// The value of a spec parameter, or `fallback` when the spec did not set it.

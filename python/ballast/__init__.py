@@ -172,7 +172,8 @@ def _model(model: ModelLike) -> Model:
 
 def plan(lengths: Lengths, cluster: ClusterLike = "h100", model: ModelLike = "llama-7b",
          strategy: str = "zeppelin", *, nodes: Optional[int] = None,
-         cost_model: str = "analytical", step: int = 0) -> Plan:
+         cost_model: str = "analytical", step: int = 0,
+         max_context_tokens: Optional[int] = None) -> Plan:
     """Plan one global batch: which rank holds which tokens, in which attention group.
 
     Args:
@@ -187,6 +188,12 @@ def plan(lengths: Lengths, cluster: ClusterLike = "h100", model: ModelLike = "ll
         nodes: overrides the cluster's node count.
         cost_model: ``"analytical"``, a profiled preset or a JSON file path.
         step: the step number recorded in the plan.
+        max_context_tokens: the run's context length (no sequence of the run is longer;
+            the CLI's ``--max-context``). ``static-cp``, ``static-cp-allgather`` and
+            ``static-ulysses`` fix their default degree from it, the same for every step
+            of the run, as training runs set their CP / SP size; None: the batch's
+            longest sequence stands in for it (the degree may then change from batch to
+            batch).
 
     Returns:
         A validated ``Plan``. ``plan.rank(r)`` is rank r's view; ``plan.to_json()`` is the
@@ -212,7 +219,8 @@ def plan(lengths: Lengths, cluster: ClusterLike = "h100", model: ModelLike = "ll
     """
     array = _lengths_array(lengths)
     return _ballast.make_plan(array, _cluster(cluster, nodes), _model(model), str(cost_model),
-                              str(strategy), int(step))
+                              str(strategy), int(step),
+                              None if max_context_tokens is None else int(max_context_tokens))
 
 
 def simulate(plan: Plan, *, trace: bool = False, grad_sync: str = "overlap") -> Report:

@@ -182,6 +182,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         strategy: a strategy spec, e.g. ``"zeppelin"``, ``"packed-dp"``, ``"flexsp-fast"``.
         nodes: overrides the cluster's node count.
         cost_model: ``"analytical"``, a profiled preset or a JSON path.
+        max_context_tokens: the run's context length, from which the static strategies
+            fix their degree for every batch (``ballast.plan``); default: the longest
+            item of ``lengths``.
 
     Raises:
         ValueError: the cluster's rank count is not ``world_size``, ``rank`` is out of range,
@@ -191,7 +194,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
 
     def __init__(self, lengths: ballast.Lengths, batches: Iterable[Sequence[int]], *, rank: int,
                  world_size: int, cluster: Any, model: Any = "llama-7b", strategy: str = "zeppelin",
-                 nodes: Optional[int] = None, cost_model: str = "analytical") -> None:
+                 nodes: Optional[int] = None, cost_model: str = "analytical",
+                 max_context_tokens: Optional[int] = None) -> None:
         super().__init__(None)
         self.lengths = ballast._lengths_array(lengths)
         if self.lengths.size and int(self.lengths.min()) < 1:
@@ -206,6 +210,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         self.model = _resolve_model(model)
         self.strategy = str(strategy)
         self.cost_model = str(cost_model)
+        # The run's context: every batch of the run plans with the same static degree.
+        longest = int(self.lengths.max()) if self.lengths.size else 1
+        self.max_context_tokens = longest if max_context_tokens is None else int(max_context_tokens)
         _ballast.check_strategy(self.strategy)
         ranks = self.cluster.ranks
         if ranks != self.world_size:
@@ -246,7 +253,8 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         if plan is None:
             try:
                 plan = ballast.plan(lengths, self.cluster, self.model, self.strategy,
-                                    cost_model=self.cost_model, step=step)
+                                    cost_model=self.cost_model, step=step,
+                                    max_context_tokens=self.max_context_tokens)
             except ballast.PlanningError as error:
                 raise ballast.PlanningError(f"global batch {step}: {error}") from error
             if isinstance(self.batches, collections.abc.Sequence):

@@ -161,7 +161,8 @@ py::array_t<std::int64_t> to_array(const std::vector<Tokens>& values) {
 
 PyPlan make_plan(const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& lengths,
                  const Cluster& cluster, const Model& model, const std::string& cost_model,
-                 const std::string& strategy, std::int64_t step) {
+                 const std::string& strategy, std::int64_t step,
+                 std::optional<Tokens> max_context_tokens) {
   std::vector<Tokens> values = lengths_from(lengths);
   py::gil_scoped_release release;  // planning is pure C++: data-loader threads keep running
   validate_cluster(cluster, "cluster " + cluster.name);
@@ -169,7 +170,14 @@ PyPlan make_plan(const py::array_t<std::int64_t, py::array::c_style | py::array:
   validate_model(model, "model " + model.name);
   const nlohmann::json spec = load_cost_model_spec(cost_model);
   std::shared_ptr<const CostModel> cost = make_cost_model(spec, cluster, model);
-  const StrategySpec parsed = parse_strategy_spec(strategy);
+  if (max_context_tokens && *max_context_tokens < 1) {
+    throw InputError(fmt::format("max_context_tokens={} must be at least 1 (or None: the batch's "
+                                 "longest sequence)",
+                                 *max_context_tokens));
+  }
+  PlannerOptions options;
+  options.context_tokens = max_context_tokens;  // the static strategies' degree (strategy.hpp)
+  const StrategySpec parsed = parse_strategy_spec(strategy, options);
   const Batch batch = make_batch(std::move(values), step);
   Plan plan = parsed.planner->plan(batch, *cost, parsed.options, SimulatorEvaluator(*cost));
   require_valid(plan, *cost, "made by " + strategy);
@@ -461,7 +469,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("num_micro_batches", [](const PyPlan& p) { return p.plan.micro_batches.size(); });
 
   m.def("make_plan", &make_plan, py::arg("lengths"), py::arg("cluster"), py::arg("model"),
-        py::arg("cost_model"), py::arg("strategy"), py::arg("step"));
+        py::arg("cost_model"), py::arg("strategy"), py::arg("step"), py::arg("max_context_tokens"));
 
   py::class_<LowerBound>(m, "LowerBound", "A bound no plan beats (docs/simulator.md): time_s and its terms.")
       .def_readonly("time_s", &LowerBound::time_s)

@@ -65,6 +65,32 @@ def test_every_strategy_covers_every_token_once(strategy):
                 assert all(piece.group == group.index for piece in group.chunks)
 
 
+def group_sizes(plan):
+    return {len(group.ranks) for micro_batch in plan.micro_batches for group in micro_batch.groups}
+
+
+@pytest.mark.parametrize("strategy", ["static-cp", "static-cp-allgather", "static-ulysses"])
+def test_static_degree_is_fixed_by_the_runs_context(strategy):
+    # 8 GPUs with room for about 4,096 tokens each: a 20,000-token context needs several.
+    model = ballast.Model.load("llama-7b")
+    cluster = ballast.Cluster.emulated(model, ranks=8, gpus_per_node=8, rank_tokens=4096)
+    short = [512, 300, 64, 1]
+
+    def planned(spec, **kwargs):
+        return ballast.plan(short, cluster=cluster, model=model, strategy=spec, **kwargs)
+
+    # Without a context the batch's longest sequence sets the degree: one GPU each here.
+    assert group_sizes(planned(strategy)) == {1}
+    # With the run's context, the degree that holds it, whatever the batch.
+    fixed = group_sizes(planned(strategy, max_context_tokens=20000))
+    assert len(fixed) == 1 and fixed != {1}
+    assert group_sizes(planned(strategy + ":degree=per-step", max_context_tokens=20000)) == {1}
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        planned(strategy, max_context_tokens=1 << 30)
+    with pytest.raises(ValueError, match="max_context_tokens=0 must be at least 1"):
+        planned(strategy, max_context_tokens=0)
+
+
 def test_remapped_plan_views_match_the_transfers():
     plan = ballast.plan(LENGTHS, cluster=small_cluster(), model="llama3-8b",
                         strategy="zeppelin:partition=even:remap=on")

@@ -100,7 +100,10 @@ std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
   const SimulatorEvaluator evaluator(*cost, options.settings.gradient_sync);
   const Dataset dataset = load_dataset(options.settings.dataset);
   BatchSampler sampler(dataset, options.settings.sampler);
-  const StrategySpec spec = parse_strategy_spec(options.strategy, options.settings.planner);
+  // The run's context shrinks with its lengths: the static strategies fix their degree from it.
+  PlannerOptions planner = options.settings.planner_options();
+  planner.context_tokens = ceil_div(*planner.context_tokens, options.length_scale);
+  const StrategySpec spec = parse_strategy_spec(options.strategy, planner);
   check_strategy_spec(spec, *cost);  // before any planning, as plan / simulate / compare do
   std::vector<Plan> plans;
   for (int step = 0; step < options.settings.steps; ++step) {

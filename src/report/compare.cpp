@@ -104,7 +104,7 @@ CompareResult run_compare(const RunSettings& settings, const CompareProgress& pr
   compare.baseline = choose_baseline(settings, names);
   const RunInputs inputs = resolve_inputs(settings);
   for (const auto& name : names) {  // options the cluster or model rule out: before any planning
-    check_strategy_spec(parse_strategy_spec(name, settings.planner), *inputs.cost);
+    check_strategy_spec(parse_strategy_spec(name, settings.planner_options()), *inputs.cost);
   }
   const Cluster& cluster = inputs.cost->cluster();
   compare.dataset_description = fmt::format(
@@ -122,7 +122,8 @@ CompareResult run_compare(const RunSettings& settings, const CompareProgress& pr
   compare.sequences_per_step = std::llround(sequences / steps);
   compare.tokens_per_step = std::llround(tokens / steps);
   for (const auto& name : names) {
-    compare.results.push_back(run_strategy(name, inputs, settings.planner, settings.gradient_sync, progress));
+    compare.results.push_back(run_strategy(name, inputs, settings.planner_options(),
+                                           settings.gradient_sync, progress));
   }
   const auto baseline = std::find_if(compare.results.begin(), compare.results.end(),
                                      [&](const auto& r) { return r.strategy == compare.baseline; });

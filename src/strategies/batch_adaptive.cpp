@@ -1,5 +1,8 @@
 // batch-adaptive (FlexSP's BatchAda): the static-ulysses plan at the power-of-two degree
 // the cost-only estimate finds fastest for this batch.
+#include <fmt/format.h>
+
+#include "ballast/error.hpp"
 #include "builders.hpp"
 #include "ulysses.hpp"
 
@@ -16,7 +19,19 @@ class BatchAdaptivePlanner final : public Planner {
     return "FlexSP's BatchAda: the best homogeneous Ulysses degree for each batch (cost-model "
            "estimate)";
   }
-  std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
+  std::vector<PlannerParameter> parameters() const override {
+    return {{"degree", "a fixed Ulysses degree dividing the GPU count and the KV heads (as "
+                       "--degree): static-ulysses at that degree [default: the degree the "
+                       "cost-only estimate finds fastest for each step]"}};
+  }
+  /// Choosing per step is what this strategy does; degree=per-step would say nothing.
+  void check_options(const PlannerOptions& options) const override {
+    if (options.degree_per_step) {
+      throw InputError(fmt::format("{}:degree={}: {} already chooses each step's degree; give a "
+                                   "number or no degree",
+                                   kName, kDegreePerStep, kName));
+    }
+  }
   /// Every allowed Ulysses degree (or the one given) is a candidate.
   Tokens longest_sequence_tokens(const CostModel& cost,
                                  const PlannerOptions& options) const override {

@@ -122,15 +122,15 @@ Tokens footprint_tokens(Tokens length_tokens, Scheme scheme, int degree);
 std::vector<int> allowed_degrees(const CostModel& cost, Scheme scheme);
 /// Whether a sequence fits one group of this degree.
 bool fits_group(Tokens length_tokens, const CostModel& cost, Scheme scheme, int degree);
-/// The smallest allowed degree whose groups hold the batch's longest sequence; throws
-/// PlanningError naming that sequence when none does.
+/// The smallest allowed degree whose groups hold the batch's longest sequence (the
+/// per-step rule); throws PlanningError naming that sequence when none does.
 int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
                    const std::string& strategy);
-/// The "degree" spec parameter of the static strategies (same as --degree).
+/// The "degree" spec parameter of the static strategies (a number as --degree, or per-step).
+PlannerParameter degree_parameter();
 /// options.degree validated (divides the rank count; ulysses: divides ulysses_kv_heads(); else
 /// InputError naming --degree and the valid values) and checked against the longest
-/// sequence (PlanningError), or default_degree() without an override.
-PlannerParameter degree_parameter();
+/// sequence (PlanningError), or default_degree() (per step) without an override.
 int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
                    Scheme scheme, const std::string& strategy);
 /// The longest sequence any allowed degree can hold.
@@ -140,6 +140,25 @@ Tokens max_sequence_tokens(const CostModel& cost, Scheme scheme);
 /// resolve_degree, when the degree is not valid); without, max_sequence_tokens().
 Tokens longest_sequence_tokens_at_degree(const CostModel& cost, const PlannerOptions& options,
                                          Scheme scheme, const std::string& strategy);
+
+// ---- the static strategies' degree for a run ----
+/// The smallest allowed degree whose groups hold a sequence of the run's context length;
+/// InputError naming --max-context, why no larger degree exists and the fix when none does.
+int context_degree(Tokens context_tokens, const CostModel& cost, Scheme scheme,
+                   const std::string& strategy);
+/// The degree static-cp, static-cp-allgather, static-ulysses and zeppelin:partition=even
+/// plan `batch` at (docs/strategies.md, "Default degree"): options.degree when set, the
+/// per-step rule (resolve_degree) with options.degree_per_step or without a context, else
+/// context_degree(options.context_tokens), the same for every batch of the run; then a
+/// batch whose longest sequence is longer than those groups hold is a PlanningError naming
+/// it and --max-context.
+int static_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+                  Scheme scheme, const std::string& strategy);
+/// Planner::longest_sequence_tokens under static_degree()'s rule: what the degree the
+/// options fix holds (longest_sequence_tokens_at_degree for a given degree, the per-step
+/// rule or no context; what context_degree()'s groups hold otherwise, InputError as it).
+Tokens static_longest_sequence_tokens(const CostModel& cost, const PlannerOptions& options,
+                                      Scheme scheme, const std::string& strategy);
 
 // ---- cost-only estimate ----
 /// Step time of a plan from the cost model alone: per micro-batch per rank, overhead +

@@ -164,8 +164,10 @@ int default_degree(const Batch& batch, const CostModel& cost, Scheme scheme,
 }
 
 PlannerParameter degree_parameter() {
-  return {"degree", "fixed SP/CP degree, a power of two dividing the GPU count (as --degree) "
-                    "[default: the smallest that holds the longest sequence]"};
+  return {"degree", "a fixed SP/CP degree dividing the GPU count (as --degree), or per-step: "
+                    "the smallest power of two holding each step's longest sequence [default: "
+                    "the smallest power of two whose groups hold the run's context "
+                    "(--max-context), for every step]"};
 }
 
 int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
@@ -188,6 +190,51 @@ int resolve_degree(const Batch& batch, const CostModel& cost, const PlannerOptio
       "{} cannot run sequence {} ({} tokens) at {} {}: degree-{} groups hold {} tokens; {}",
       strategy, id, with_thousands(length), setting_name("--degree"), degree, degree,
       with_thousands(max_sequence_tokens_at(cost, scheme, degree)), fix));
+}
+
+// ---- the static strategies' degree for a run (static_degree and its helpers) ----
+
+int context_degree(Tokens context_tokens, const CostModel& cost, Scheme scheme,
+                   const std::string& strategy) {
+  const std::vector<int> degrees = allowed_degrees(cost, scheme);
+  for (int d : degrees) {
+    if (fits_group(context_tokens, cost, scheme, d)) return d;
+  }
+  const int largest = degrees.back();
+  throw InputError(fmt::format(
+      "{} cannot hold the run's context of {} tokens ({}): degree-{} groups hold {} tokens and "
+      "{}; {}, or give {}:degree={} (each step sized for its own longest sequence)",
+      strategy, with_thousands(context_tokens), setting_name("--max-context"), largest,
+      with_thousands(max_sequence_tokens_at(cost, scheme, largest)),
+      degree_limit_reason(cost, scheme, largest), what_to_do(scheme), strategy, kDegreePerStep));
+}
+
+int static_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+                  Scheme scheme, const std::string& strategy) {
+  if (options.degree || options.degree_per_step || !options.context_tokens) {
+    return resolve_degree(batch, cost, options, scheme, strategy);
+  }
+  const Tokens context_tokens = *options.context_tokens;
+  const int degree = context_degree(context_tokens, cost, scheme, strategy);
+  const std::int64_t id = longest_sequence_id(batch);
+  const Tokens length = batch.lengths_tokens[static_cast<std::size_t>(id)];
+  if (fits_group(length, cost, scheme, degree)) return degree;
+  throw PlanningError(fmt::format(
+      "{} cannot run sequence {} ({} tokens): it is longer than the run's context ({} {}), "
+      "whose degree-{} groups hold {} tokens; raise {} to at least {}",
+      strategy, id, with_thousands(length), setting_name("--max-context"),
+      with_thousands(context_tokens), degree,
+      with_thousands(max_sequence_tokens_at(cost, scheme, degree)), setting_name("--max-context"),
+      length));
+}
+
+Tokens static_longest_sequence_tokens(const CostModel& cost, const PlannerOptions& options,
+                                      Scheme scheme, const std::string& strategy) {
+  if (options.degree || options.degree_per_step || !options.context_tokens) {
+    return longest_sequence_tokens_at_degree(cost, options, scheme, strategy);
+  }
+  const int degree = context_degree(*options.context_tokens, cost, scheme, strategy);
+  return max_sequence_tokens_at(cost, scheme, degree);
 }
 
 }  // namespace ballast::strategies

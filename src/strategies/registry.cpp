@@ -58,6 +58,19 @@ long long parse_integer_parameter(const std::string& key, const std::string& tex
   return value;
 }
 
+/// A spec's degree=N: N in [1, 2^20]; InputError naming the spec and both accepted forms.
+long long parse_degree(const std::string& spec_text, const std::string& value) {
+  constexpr long long kMaxDegree = 1 << 20;
+  try {
+    return parse_integer_parameter("degree", value, 1, kMaxDegree);
+  } catch (const InputError&) {
+    throw InputError(fmt::format("strategy '{}': degree={} is neither a fixed degree (an integer "
+                                 "from 1 to {}) nor {} (the degree of each step's longest "
+                                 "sequence)",
+                                 spec_text, value, kMaxDegree, kDegreePerStep));
+  }
+}
+
 }  // namespace
 
 bool Planner::takes_common_degree(const PlannerOptions& /*options*/) const {
@@ -119,8 +132,12 @@ std::set<std::string> apply_spec_parameters(const std::string& text, std::size_t
     if (!seen.insert(key).second) {
       throw InputError(fmt::format("strategy '{}': parameter '{}' given twice", text, key));
     }
-    if (key == "degree") {
-      spec.options.degree = static_cast<int>(parse_integer_parameter(key, value, 1, 1 << 20));
+    if (key == "degree" && value == kDegreePerStep) {
+      spec.options.degree.reset();
+      spec.options.degree_per_step = true;
+    } else if (key == "degree") {
+      spec.options.degree = static_cast<int>(parse_degree(text, value));
+      spec.options.degree_per_step = false;
     } else {
       spec.options.parameters[key] = value;
     }

@@ -1,7 +1,7 @@
 // static-cp (TransformerEngine / Megatron CP, ring) and static-cp-allgather (LLaMA-3 CP):
-// fixed CP groups of d consecutive ranks, every sequence zigzag-split with padding to a
-// multiple of 2d, token-balanced packs of the group's budget (THD format) dealt
-// round-robin to groups.
+// fixed CP groups of d consecutive ranks (d fixed for the run from its context, as
+// --context-parallel-size is), every sequence zigzag-split with padding to a multiple of
+// 2d, token-balanced packs of the group's budget (THD format) dealt round-robin to groups.
 #include <fmt/format.h>
 
 #include "builders.hpp"
@@ -40,12 +40,12 @@ class StaticCpPlanner final : public Planner {
   std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
   Tokens longest_sequence_tokens(const CostModel& cost,
                                  const PlannerOptions& options) const override {
-    return longest_sequence_tokens_at_degree(cost, options, scheme_, name_);
+    return static_longest_sequence_tokens(cost, options, scheme_, name_);
   }
   Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
             const PlanEvaluator& /*evaluator: not needed*/) const override {
     Plan plan = make_plan_skeleton(batch, cost, name_);
-    const int degree = resolve_degree(batch, cost, options, scheme_, name_);
+    const int degree = static_degree(batch, cost, options, scheme_, name_);
     const auto sequences = static_cast<std::int64_t>(batch.lengths_tokens.size());
     check_plan_chunks(sequences * (degree == 1 ? 1 : 2 * degree), name_,
                       fmt::format("{} sequences, each cut into 2 x {} chunks", sequences, degree));

@@ -1,5 +1,6 @@
-// static-ulysses (DeepSpeed-Ulysses): fixed SP degree d, token-balanced packs of the
-// group's budget dealt round-robin; each pack's concatenation split evenly over the group.
+// static-ulysses (DeepSpeed-Ulysses): fixed SP degree d (fixed for the run from its
+// context), token-balanced packs of the group's budget dealt round-robin; each pack's
+// concatenation split evenly over the group.
 #include "builders.hpp"
 #include "ulysses.hpp"
 
@@ -69,12 +70,12 @@ class StaticUlyssesPlanner final : public Planner {
   std::vector<PlannerParameter> parameters() const override { return {degree_parameter()}; }
   Tokens longest_sequence_tokens(const CostModel& cost,
                                  const PlannerOptions& options) const override {
-    return longest_sequence_tokens_at_degree(cost, options, Scheme::ulysses, kName);
+    return static_longest_sequence_tokens(cost, options, Scheme::ulysses, kName);
   }
   Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
             const PlanEvaluator& /*evaluator: not needed*/) const override {
     make_plan_skeleton(batch, cost, kName);  // input checks before degree selection
-    const int degree = resolve_degree(batch, cost, options, Scheme::ulysses, kName);
+    const int degree = static_degree(batch, cost, options, Scheme::ulysses, kName);
     return plan_static_ulysses(batch, cost, degree, kName);
   }
 };

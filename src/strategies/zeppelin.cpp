@@ -168,7 +168,7 @@ Switches switches_of(const PlannerOptions& options) {
   switches.hierarchical = partition == "hierarchical";
   switches.routing = mode_of(options, "routing");
   switches.remap = mode_of(options, "remap");
-  if (options.degree && switches.hierarchical) {
+  if ((options.degree || options.degree_per_step) && switches.hierarchical) {
     throw InputError(fmt::format(
         "zeppelin takes a degree only with partition=even (the hierarchical partition picks "
         "each sequence's ring); drop {} / degree= or add partition=even",
@@ -190,8 +190,9 @@ class ZeppelinPlanner final : public Planner {
             {"routing", "auto (default: inter-node ring transfers over proxy GPUs' NICs where "
                         "it pays), on (always all NICs) or off"},
             {"remap", "auto (default: token-balanced linear layout where it pays), on or off"},
-            {"degree", "ring size with partition=even (default: the smallest power of two "
-                       "holding the longest sequence)"}};
+            {"degree", "ring size with partition=even, as static-cp's degree: a number or "
+                       "per-step [default: the smallest power of two holding the run's "
+                       "context, static-cp's]"}};
   }
   void check_options(const PlannerOptions& options) const override { switches_of(options); }
   /// --degree fixes the static rings of partition=even; the hierarchical partition picks
@@ -200,17 +201,23 @@ class ZeppelinPlanner final : public Planner {
     return parameter_or(options, "partition", "hierarchical") == "even";
   }
   /// Hierarchical: a ring over every GPU of the cluster, the ring budget per rank, no
-  /// padding. Even: the static rings resolve_degree allows (static-cp's limit).
+  /// padding. Even: the static rings static-cp's degree rule gives (static-cp's limit).
   Tokens longest_sequence_tokens(const CostModel& cost,
                                  const PlannerOptions& options) const override {
     if (!switches_of(options).hierarchical) {
-      return longest_sequence_tokens_at_degree(cost, options, Scheme::ring, name());
+      return static_longest_sequence_tokens(cost, options, Scheme::ring, name());
     }
     return usable_tokens_per_rank(cost, Scheme::ring, 2) * cost.cluster().ranks();
   }
   Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
             const PlanEvaluator& evaluator) const override {
-    return plan_zeppelin(batch, cost, evaluator, switches_of(options), options.degree, name());
+    const Switches switches = switches_of(options);
+    std::optional<int> even_degree;
+    if (!switches.hierarchical) {  // TE CP's rings: static-cp's degree, fixed for the run
+      make_plan_skeleton(batch, cost, name());  // input checks before degree selection
+      even_degree = static_degree(batch, cost, options, Scheme::ring, name());
+    }
+    return plan_zeppelin(batch, cost, evaluator, switches, even_degree, name());
   }
 };
 

@@ -116,8 +116,9 @@ Seconds linear_s(const CostModel& cost, Tokens tokens);
 /// when `balance_linear`, i.e. without a remap) over the GPUs. No queues or routing yet.
 Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierContext& context,
                        bool balance_linear, const std::string& label);
-/// The even-split ablation (partition=even): TE CP's static rings of `degree` (default: the
-/// smallest holding the longest sequence) with token-balanced packs, zigzag unpadded.
+/// The even-split ablation (partition=even): TE CP's static rings of `degree` (the planner
+/// passes static-cp's degree for the run; without one: the smallest holding the longest
+/// sequence) with token-balanced packs, zigzag unpadded.
 Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> degree,
                const std::string& label);
 

@@ -72,9 +72,11 @@ sed -e 's/"heads": 32/"heads": 4/' -e 's/"kv_heads": 8/"kv_heads": 2/' \
     "$presets/example-model.json" >"$work/model.json"
 printf '300\n120\n45\n' >"$work/lengths.txt"
 printf '40000\n30000\n' >"$work/long.txt"
-plan() {  # plan OUT MODEL LENGTHS COUNT
+plan() {  # plan OUT MODEL LENGTHS COUNT; the context is the file's longest length (static-cp
+  # fixes its degree from it, and the example model's 128K would not fit two GPUs)
   "$ballast" plan --strategy static-cp --cluster "$work/cluster.json" --model "$2" --lengths "$3" \
-    --batch-size "$4" --sampling sequential -o "$work/$1" 2>"$work/$1.err" || cat "$work/$1.err" >&2
+    --batch-size "$4" --sampling sequential --max-context "$(sort -n "$3" | tail -1)" \
+    -o "$work/$1" 2>"$work/$1.err" || cat "$work/$1.err" >&2
 }
 plan good.json "$work/model.json" "$work/lengths.txt" 3
 plan heads.json "$presets/example-model.json" "$work/lengths.txt" 3

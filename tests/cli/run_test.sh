@@ -124,7 +124,7 @@ code=$(run "$work/out" "$work/err" -np 1 "$ballast" calibrate --host)
 check "calibrate --host on one rank exits 2" test "$code" = 2
 check "... and says why" has "$work/err" "this job has one rank"
 
-"$ballast" plan --strategy static-cp --nodes 1 --tokens-per-step 100000 -o "$work/plan.json" 2>"$work/err"
+"$ballast" plan --strategy static-cp --nodes 1 --tokens-per-step 100000 --max-context 65536 -o "$work/plan.json" 2>"$work/err"
 code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --plan "$work/plan.json")
 check "a plan for another job exits non-zero" test "$code" != 0
 check "a plan for another job names the fix" has "$work/err" "mpirun -np 8"

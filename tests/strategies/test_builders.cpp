@@ -88,7 +88,8 @@ TEST(StrategySpec, BadSpecsNameTheFix) {
   EXPECT_EQ(error_of([] { parse_strategy_spec("static-cp:degree=2:degree=4"); }),
             "strategy 'static-cp:degree=2:degree=4': parameter 'degree' given twice");
   EXPECT_EQ(error_of([] { parse_strategy_spec("static-cp:degree=-2"); }),
-            "strategy parameter degree=-2: expected an integer from 1 to 1048576");
+            "strategy 'static-cp:degree=-2': degree=-2 is neither a fixed degree (an integer "
+            "from 1 to 1048576) nor per-step (the degree of each step's longest sequence)");
   EXPECT_THROW(parse_strategy_spec("nope:degree=2"), InputError);
   EXPECT_THROW(parse_strategy_spec("static-cp:"), InputError);
 }

@@ -217,7 +217,7 @@ int run_plan(const PlanArgs& args) {
   const RunSettings settings = settings_from(args.workload, 1);
   const RunInputs inputs = resolve_inputs(settings);
   const StrategySpec spec = parse_strategy_spec(
-      apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner);
+      apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner_options());
   check_strategy_spec(spec, *inputs.cost);
   warn_over_context(settings.sampler, inputs.sampler_stats);
   Output output(args.output.output_path);
@@ -296,7 +296,7 @@ int run_simulate(const SimulateArgs& args) {
     apply_workload_flags(args.workload, settings);
     RunInputs inputs = resolve_inputs(settings);
     const StrategySpec spec = parse_strategy_spec(
-        apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner);
+        apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner_options());
     check_strategy_spec(spec, *inputs.cost);
     warn_over_context(settings.sampler, inputs.sampler_stats);
     strategy_label = spec.text;
