@@ -188,6 +188,21 @@ check "zeppelin plan has queues" has "$work/zeppelin.json" '"queues"'
 code=$(run "$work/valid-z.txt" "$work/err" "$ballast" validate "$work/zeppelin.json")
 check "zeppelin plan validates" test "$code" = 0
 
+# --- compare --sweep degree=...: a row per degree for each strategy that takes one ---
+# 16 GPUs, Llama-3-8B (8 KV heads): Ulysses cannot take 16, a note says so.
+code=$(run "$work/sweep.json" "$work/sweep.err" "$ballast" compare --nodes 2 --model llama3-8b --steps 1 --tokens-per-step 131072 --max-context 32768 --strategies static-cp,static-ulysses,hybrid-dp --sweep degree=per-step,8,16 --format json)
+check "compare --sweep exits 0" test "$code" = 0
+check "--sweep: one row per degree, the baseline's own row, the others once" /usr/bin/python3 - "$work/sweep.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+labels = [r["strategy"] for r in doc["results"]]
+assert labels == ["static-cp", "static-cp:degree=per-step", "static-cp:degree=8",
+                  "static-cp:degree=16", "static-ulysses:degree=per-step",
+                  "static-ulysses:degree=8", "hybrid-dp"], labels
+assert doc["settings"]["baseline"] == "static-cp", doc["settings"]
+PY
+check "--sweep notes the skipped Ulysses degree" has "$work/sweep.err" "note: --sweep: static-ulysses:degree=16 skipped"
+
 # --- bad input: one-line message naming the input, exit 2, never a crash ---
 expect_error() {  # expect_error NAME TEXT args...
   local name="$1" text="$2"; shift 2
@@ -262,6 +277,9 @@ code=$(run "$work/out" "$work/err" "$ballast" compare --degree 8 --steps 1 --str
 check "--degree with zeppelin in the list exits 0" test "$code" = 0
 check "--degree leaves hierarchical zeppelin choosing" has "$work/out" "^zeppelin  "
 expect_error "ablation with strategies" "--ablation" compare --ablation --strategies zeppelin
+expect_error "sweep of a degree no strategy takes" "--sweep degree=12: no compared strategy can take degree 12" compare --strategies static-cp,hybrid-dp --sweep degree=12 --steps 1
+expect_error "sweep of another key" "--sweep size=8" compare --sweep size=8 --steps 1
+expect_error "sweep with --degree" "either --degree or --sweep" compare --degree 8 --sweep degree=16 --steps 1
 expect_error "spec degree not dividing the GPUs" "--degree 12 is not valid for static-cp" compare --strategies static-cp:degree=12 --steps 1
 expect_error "context no static-cp degree holds" "static-cp cannot hold the run's context of 16,777,216 tokens (--max-context)" compare --strategies static-cp --nodes 1 --max-context 16777216 --steps 1
 expect_error "context too short to fill a batch" "raise --max-context" compare --max-context 1 --steps 1

@@ -366,6 +366,32 @@ int run_simulate(const SimulateArgs& args) {
   return 0;
 }
 
+namespace {
+
+/// compare --sweep: the strategies expanded (expand_degree_sweep), one note line on stderr
+/// per skipped value, and the baseline made explicit (the default one: static-cp if
+/// compared, else the first), so that it keeps its row.
+void apply_degree_sweep(const CompareArgs& args, RunSettings& settings) {
+  if (args.workload.degree) {
+    throw InputError("give either --degree or --sweep degree=..., not both");
+  }
+  std::vector<std::string> specs = settings.strategies.empty() ? planner_names() : settings.strategies;
+  if (settings.baseline.empty()) {
+    const bool has_static_cp = std::find(specs.begin(), specs.end(), "static-cp") != specs.end();
+    settings.baseline = has_static_cp ? "static-cp" : specs.front();
+  }
+  Model model = load_model(settings.model);  // as resolve_inputs() loads it
+  if (settings.recompute) model.recompute = *settings.recompute;
+  const auto cost = make_cost_model(load_cost_model_spec(settings.cost_model),
+                                    load_cluster(settings.cluster, settings.nodes), model);
+  std::vector<std::string> notes;
+  settings.strategies = expand_degree_sweep(args.sweep, specs, settings.baseline, *cost,
+                                            settings.planner_options(), notes);
+  for (const std::string& note : notes) fmt::print(stderr, "ballast: note: {}\n", note);
+}
+
+}  // namespace
+
 std::vector<std::string> ablation_ladder() {
   return {"static-cp",
           "zeppelin:partition=even:routing=off:remap=off",
@@ -403,6 +429,7 @@ int run_compare(const CompareArgs& args) {
              settings.strategies.end()) {
     settings.baseline.clear();  // a scenario's baseline that --strategies left out: the default
   }
+  if (!args.sweep.empty()) apply_degree_sweep(args, settings);
   Progress progress("compare");
   CompareProgress on_step;
   if (progress.enabled()) {

@@ -37,6 +37,7 @@ struct CompareArgs {
   std::string baseline;
   std::string scenario;
   std::string plot_path;  ///< --plot: step time per strategy with bound and speedups
+  std::string sweep;      ///< --sweep degree=V1,V2,...: see expand_degree_sweep()
   bool ablation = false;  ///< strategies = ablation_ladder()
 };
 

@@ -150,6 +150,10 @@ int run(int argc, char** argv) {
                     "Zeppelin's ablation ladder in one table: static-cp, then zeppelin with even "
                     "splitting, + routing, + hierarchical partitioning, + remapping, and without "
                     "routing (docs/zeppelin.md)");
+  compare->add_option("--sweep", compare_args.sweep,
+                      "degree=V1,V2,...: every strategy that takes a degree runs once per value "
+                      "(a number or per-step; labels like static-cp:degree=16), the others once; "
+                      "values a strategy cannot take are skipped with a note");
   compare->add_option("--scenario", compare_args.scenario,
                       "a named bundle of settings (see `ballast list scenarios`); flags override it");
   compare->add_option("--plot", compare_args.plot_path,
@@ -159,6 +163,7 @@ int run(int argc, char** argv) {
                   "  ballast compare --scenario wikipedia-a100-gpt7b\n"
                   "  ballast compare --scenario zeppelin-a800-13b-wlbllm --ablation\n"
                   "  ballast compare --scenario zeppelin-a800-7b-prolong --plot compare.svg\n"
+                  "  ballast compare --scenario zeppelin-a800-7b-prolong --sweep degree=per-step,16,32\n"
                   "  ballast compare --dataset prolong --cluster h200 --nodes 2 --model llama3-8b --format json\n"
                   "  ballast compare --strategies packed-dp,hybrid-dp --baseline packed-dp --steps 8 --format csv");
 

@@ -158,6 +158,83 @@ std::vector<std::string> apply_ablation_flags(const WorkloadFlags& flags,
   return specs;
 }
 
+namespace {
+
+/// `spec` without any degree= item ("static-cp:degree=8" -> "static-cp").
+std::string without_degree(const std::string& spec) {
+  std::string stem = spec.substr(0, spec.find(':'));
+  for (std::size_t begin = spec.find(':'); begin != std::string::npos;) {
+    const std::size_t end = spec.find(':', begin + 1);
+    const std::string item = spec.substr(begin + 1, end == std::string::npos ? end : end - begin - 1);
+    if (item.rfind("degree=", 0) != 0) stem += ":" + item;
+    begin = end;
+  }
+  return stem;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_degree_sweep(const std::string& sweep,
+                                             const std::vector<std::string>& specs,
+                                             const std::string& baseline, const CostModel& cost,
+                                             const PlannerOptions& base,
+                                             std::vector<std::string>& notes) {
+  const std::size_t equals = sweep.find('=');
+  if (equals == std::string::npos || sweep.substr(0, equals) != "degree") {
+    throw InputError(fmt::format("--sweep {}: write --sweep degree=V1,V2,... (the degree is what "
+                                 "can be swept), e.g. --sweep degree=8,16,32",
+                                 sweep));
+  }
+  const std::vector<std::string> values = split_list(sweep.substr(equals + 1));
+  if (values.empty()) {
+    throw InputError(fmt::format("--sweep {}: give at least one degree, e.g. --sweep degree=8,16,32",
+                                 sweep));
+  }
+  std::vector<std::string> expanded;
+  const auto add = [&expanded](const std::string& spec) {
+    if (std::find(expanded.begin(), expanded.end(), spec) == expanded.end()) expanded.push_back(spec);
+  };
+  if (std::find(specs.begin(), specs.end(), baseline) != specs.end()) add(baseline);
+  std::vector<std::string> first_reason(values.size());  // why a value was skipped, first time
+  std::vector<bool> taken(values.size(), false);
+  bool any_sweepable = false;
+  for (const std::string& spec : specs) {
+    const StrategySpec parsed = parse_strategy_spec(spec, base);
+    if (!parsed.planner->takes_common_degree(parsed.options)) {
+      add(spec);
+      continue;
+    }
+    any_sweepable = true;
+    const std::string stem = without_degree(spec);
+    for (std::size_t v = 0; v < values.size(); ++v) {
+      const std::string swept = fmt::format("{}:degree={}", stem, values[v]);
+      try {
+        check_strategy_spec(parse_strategy_spec(swept, base), cost);
+      } catch (const InputError& error) {
+        notes.push_back(fmt::format("--sweep: {} skipped: {}", swept, error.what()));
+        if (first_reason[v].empty()) first_reason[v] = error.what();
+        continue;
+      }
+      taken[v] = true;
+      add(swept);
+    }
+  }
+  if (!any_sweepable) {
+    throw InputError(fmt::format("--sweep {}: none of the compared strategies takes a degree; "
+                                 "compare static-cp, static-cp-allgather, static-ulysses, "
+                                 "batch-adaptive or zeppelin:partition=even",
+                                 sweep));
+  }
+  for (std::size_t v = 0; v < values.size(); ++v) {
+    if (!taken[v]) {
+      throw InputError(fmt::format("--sweep {}: no compared strategy can take degree {} ({}); "
+                                   "give degrees that divide the GPU count",
+                                   sweep, values[v], first_reason[v]));
+    }
+  }
+  return expanded;
+}
+
 void add_runtime_model_flags(CLI::App& command, runtime::ModelConfig& model, const std::string& prefix) {
   command.add_option("--hidden", model.hidden, prefix + "model width [default: 64]");
   command.add_option("--layers", model.layers, prefix + "layers [default: 2]");

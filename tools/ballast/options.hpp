@@ -49,4 +49,18 @@ std::vector<std::string> split_list(const std::string& text);
 std::vector<std::string> apply_ablation_flags(const WorkloadFlags& flags,
                                               std::vector<std::string> specs);
 
+/// compare --sweep degree=V1,V2,... (`sweep`; each value a number or per-step): every spec
+/// whose strategy takes a degree (Planner::takes_common_degree) becomes one spec per value,
+/// the spec with any degree it names replaced by ":degree=V"; the others stay once.
+/// `baseline` (the compare's baseline spec) also keeps its own row, first, so speedups stay
+/// against it; repeated specs appear once. A value `cost` rules out for one strategy
+/// (parse_strategy_spec / check_strategy_spec with `base`: a degree beyond the KV heads, a
+/// non-divisor) is skipped with one line in `notes`; a value no strategy takes, another key
+/// than degree, or no value is an InputError naming --sweep.
+std::vector<std::string> expand_degree_sweep(const std::string& sweep,
+                                             const std::vector<std::string>& specs,
+                                             const std::string& baseline, const CostModel& cost,
+                                             const PlannerOptions& base,
+                                             std::vector<std::string>& notes);
+
 }  // namespace ballast::cli
