@@ -42,9 +42,17 @@ struct Chunk {
   Tokens size() const { return end_tokens - begin_tokens; }
 };
 
+/// The largest multiple a plan may pad a sequence's length to in a ulysses or local group:
+/// 1,024 tokens. Data pipelines pad each length to a small multiple (FlexSP's runs to 128,
+/// SYSTEMS.md section 2; Megatron's THD packing to 2 x CP x TP, 1,024 at CP 64 x TP 8);
+/// a larger padding is a broken plan, not a convention.
+inline constexpr Tokens kMaxPadMultipleTokens = 1024;
+
 /// A sequence's place in one group. Chunks cover [0, padded_length_tokens) exactly
-/// once; padded_length_tokens >= the sequence's length (padding is only allowed for
-/// schemes that need it, e.g. static CP padding to a multiple of 2 * ring size).
+/// once; padded_length_tokens >= the sequence's length (padding is only allowed where
+/// a convention needs it: static CP pads to a multiple of 2 * ring size in ring and
+/// all_gather groups; ulysses and local groups may pad by less than kMaxPadMultipleTokens,
+/// as static-ulysses:pad=N does).
 struct SequenceChunks {
   std::int64_t sequence_id = 0;
   Tokens padded_length_tokens = 0;
@@ -148,7 +156,8 @@ struct ValidationResult {
 /// [1, kMaxRoutingChunks], and every proxy GPU of a routed ring hop a member of the ring
 /// (plan_layout.hpp's routing rule); every sequence appears in exactly one group of one
 /// micro-batch and its chunks cover [0, padded length) exactly once, with padded length
-/// >= length and < length + 2 * group size; every chunk on one of its group's ranks; queues (if given)
+/// >= length and < length + 2 * group size (ring, all_gather) or + kMaxPadMultipleTokens
+/// (ulysses, local); every chunk on one of its group's ranks; queues (if given)
 /// list exactly each rank's groups and admit a deadlock-free order (no cycle between ranks'
 /// orders); the linear layout (if given) covers every sequence's [0, length) exactly once;
 /// per-rank peak memory fits the cost model's memory limit.

@@ -394,18 +394,21 @@ Violation check_padding(const std::string& label, const AttentionGroup& group,
                        label, id, padded, length);
   }
   if (padded == length) return std::nullopt;
-  if (group.scheme != Scheme::ring && group.scheme != Scheme::all_gather) {
-    return fmt::format(
-        "{}: sequence {} is padded from {} to {} tokens, but only ring and "
-        "all_gather groups may pad",
-        label, id, length, padded);
+  if (group.scheme == Scheme::ring || group.scheme == Scheme::all_gather) {
+    const auto limit = 2 * static_cast<Tokens>(group.ranks.size());
+    if (padded - length >= limit) {
+      return fmt::format(
+          "{}: sequence {} is padded from {} to {} tokens; padding must stay below "
+          "2 x group size = {} tokens",
+          label, id, length, padded, limit);
+    }
+    return std::nullopt;
   }
-  const auto limit = 2 * static_cast<Tokens>(group.ranks.size());
-  if (padded - length >= limit) {
+  if (padded - length >= kMaxPadMultipleTokens) {  // ulysses, local: a data padding
     return fmt::format(
-        "{}: sequence {} is padded from {} to {} tokens; padding must stay below "
-        "2 x group size = {} tokens",
-        label, id, length, padded, limit);
+        "{}: sequence {} is padded from {} to {} tokens; padding in {} groups must stay below "
+        "{} tokens",
+        label, id, length, padded, scheme_name(group.scheme), kMaxPadMultipleTokens);
   }
   return std::nullopt;
 }

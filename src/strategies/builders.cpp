@@ -1,5 +1,5 @@
-// Shared strategy building blocks: plan skeletons, best-fit-decreasing and token-balanced
-// packing, dealing packs to groups, and zigzag / contiguous chunking.
+// Shared strategy building blocks: plan skeletons, best-fit-decreasing, token-balanced and
+// in-order first-fit packing, dealing packs to groups, and zigzag / contiguous chunking.
 #include "builders.hpp"
 
 #include <fmt/format.h>
@@ -166,6 +166,32 @@ std::vector<Pack> balanced_packs(std::span<const PackItem> items, Tokens capacit
     }
     return result;
   }
+}
+
+std::vector<Pack> first_fit_in_order(std::span<const PackItem> items, Tokens capacity_tokens) {
+  // A max-tree over the room of packs 0, 1, ...: a leaf per pack that may ever open (one
+  // per item at most), unopened packs at full room. Packs open in index order, so the
+  // leftmost leaf with room for an item is an open pack or, if none has room, the next
+  // one to open.
+  const auto item_count = static_cast<std::int64_t>(items.size());
+  const auto leaves = static_cast<std::size_t>(next_power_of_two(std::max<std::int64_t>(1, item_count)));
+  std::vector<Tokens> max_room(2 * leaves, capacity_tokens);
+  std::vector<Pack> packs;
+  for (const PackItem& item : items) {
+    BALLAST_CHECK(item.size_tokens > 0 && item.size_tokens <= capacity_tokens,
+                  fmt::format("sequence {} ({} tokens) must fit a pack of {} tokens",
+                              item.sequence_id, item.size_tokens, capacity_tokens));
+    std::size_t node = 1;
+    while (node < leaves) node = max_room[2 * node] >= item.size_tokens ? 2 * node : 2 * node + 1;
+    const std::size_t index = node - leaves;
+    if (index == packs.size()) packs.emplace_back();
+    packs[index].push_back(item.sequence_id);
+    max_room[node] -= item.size_tokens;
+    for (node /= 2; node >= 1; node /= 2) {
+      max_room[node] = std::max(max_room[2 * node], max_room[2 * node + 1]);
+    }
+  }
+  return packs;
 }
 
 Tokens pack_tokens(const Pack& pack, std::span<const Tokens> size_by_sequence_tokens) {

@@ -73,6 +73,13 @@ std::vector<Pack> best_fit_decreasing(std::span<const PackItem> items, Tokens ca
 std::vector<Pack> balanced_packs(std::span<const PackItem> items, Tokens capacity_tokens,
                                  int groups);
 
+/// First fit in the items' order (no sorting): each item goes to the first pack, in the
+/// order packs were opened, with room for it, else opens a new pack; returns the packs in
+/// that order. What a data loader that packs a batch in data order to a capacity does
+/// (static-ulysses:packing=data-order, FlexSP's DeepSpeed-Ulysses baseline). O(n log n)
+/// through a max-tree over the packs' room. Every item must fit an empty pack (checked).
+std::vector<Pack> first_fit_in_order(std::span<const PackItem> items, Tokens capacity_tokens);
+
 /// Sum of size_tokens over a pack, sizes indexed by sequence id.
 Tokens pack_tokens(const Pack& pack, std::span<const Tokens> size_by_sequence_tokens);
 

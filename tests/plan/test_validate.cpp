@@ -247,15 +247,21 @@ TEST(Validate, ChunkOnForeignRank) {
             "the group (ranks 2, 3)");
 }
 
-TEST(Validate, PaddingOnLocalGroup) {
+TEST(Validate, DataPaddingOnLocalAndUlyssesGroupsBelowTheLimit) {
+  // Padding to a multiple (static-ulysses:pad=N) is allowed below kMaxPadMultipleTokens.
   Plan plan = base_plan();
-  plan.micro_batches[0].groups[0] = local_group(0, {{0, 1002}});
+  plan.micro_batches[0].groups[0] = local_group(0, {{0, 1000 + kMaxPadMultipleTokens - 1}});
+  expect_valid(plan);
+  plan.micro_batches[0].groups[0] = local_group(0, {{0, 1000 + kMaxPadMultipleTokens}});
   EXPECT_EQ(violation(plan),
-            "micro-batch 0, group 0 (local): sequence 0 is padded from 1000 to 1002 tokens, but "
-            "only ring and all_gather groups may pad");
+            "micro-batch 0, group 0 (local): sequence 0 is padded from 1000 to 2024 tokens; "
+            "padding in local groups must stay below 1024 tokens");
   plan = base_plan();
   plan.micro_batches[0].groups[3] = split_group(Scheme::ulysses, {4, 5, 6, 7}, {{3, 4004}});
-  EXPECT_NE(violation(plan).find("only ring and all_gather groups may pad"), std::string::npos);
+  expect_valid(plan);
+  plan.micro_batches[0].groups[3] = split_group(Scheme::ulysses, {4, 5, 6, 7}, {{3, 5024}});
+  EXPECT_NE(violation(plan).find("padding in ulysses groups must stay below 1024 tokens"),
+            std::string::npos);
 }
 
 TEST(Validate, PaddingBelowTwiceTheGroupSize) {

@@ -78,7 +78,7 @@ TEST(StrategySpec, CommonDegreeGoesOnlyToFixedDegreeStrategies) {
 TEST(StrategySpec, BadSpecsNameTheFix) {
   EXPECT_EQ(error_of([] { parse_strategy_spec("static-ulysses:deg=8"); }),
             "strategy 'static-ulysses:deg=8': unknown parameter 'deg' (did you mean 'degree'?); "
-            "static-ulysses takes degree");
+            "static-ulysses takes degree, packing, pad");
   EXPECT_EQ(error_of([] { parse_strategy_spec("hybrid-dp:degree=8"); }),
             "strategy 'hybrid-dp:degree=8': unknown parameter 'degree'; hybrid-dp takes no "
             "parameters");

@@ -1,7 +1,7 @@
 // The static strategies as runs configure them: the degree fixed for the run from its
 // context (and the per-step rule kept as degree=per-step), the spec grammar and errors of
-// both. On the tiny fake cluster of fake_cost.hpp (4 GPUs; ring 100, local 194, ulysses
-// 113 tokens per GPU).
+// both, and static-ulysses's FlexSP conventions (packing=data-order, pad=N). On the tiny
+// fake cluster of fake_cost.hpp (4 GPUs; ring 100, local 194, ulysses 113 tokens per GPU).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -147,11 +147,11 @@ TEST(StaticDegree, ContextNoDegreeHoldsIsAnInputErrorNamingTheFlag) {
             }),
             message);
   // Ulysses: the KV heads stop the degree at 2, and the message says so.
-  const StrategySpec ulysses = parse_strategy_spec("static-ulysses", with_context(227));
+  const StrategySpec ulysses = parse_strategy_spec("static-ulysses:pad=2", with_context(227));
   EXPECT_NE(error_of([&] { check_strategy_spec(ulysses, cost); })
-                .find("static-ulysses cannot hold the run's context of 227 tokens "
-                      "(--max-context): degree-2 groups hold 226 tokens and Ulysses degree is "
-                      "limited to 2 by the model's 2 KV heads"),
+                .find("strategy 'static-ulysses:pad=2': static-ulysses cannot hold the run's "
+                      "context of 228 tokens (--max-context): degree-2 groups hold 226 tokens "
+                      "and Ulysses degree is limited to 2 by the model's 2 KV heads"),
             std::string::npos);
   // A fixed degree or the per-step rule does not depend on the context.
   EXPECT_NO_THROW(check_strategy_spec(parse_strategy_spec("static-cp:degree=4", with_context(401)), cost));
@@ -218,6 +218,9 @@ TEST(StaticDegree, LongestSequenceFollowsTheRule) {
                                                  .options),
             400);
   EXPECT_THROW(cp.longest_sequence_tokens(cost, with_context(401)), InputError);
+  // static-ulysses: what the fixed degree holds, rounded down to the padding.
+  const StrategySpec padded = parse_strategy_spec("static-ulysses:pad=16", with_context(200));
+  EXPECT_EQ(padded.planner->longest_sequence_tokens(cost, padded.options), 224);  // 226 -> 224
 }
 
 TEST(StaticDegree, ZeppelinEvenSplitFollowsStaticCp) {
@@ -228,6 +231,111 @@ TEST(StaticDegree, ZeppelinEvenSplitFollowsStaticCp) {
   EXPECT_EQ(group_sizes(plan_spec("zeppelin:partition=even:degree=per-step", cost, {10, 20, 5},
                                   300)),
             std::set<std::size_t>{1});
+}
+
+// ---- packing=data-order, pad=N ----
+
+/// First fit in order, the obvious way: scan the packs for room.
+std::vector<Pack> first_fit_reference(const std::vector<PackItem>& items, Tokens capacity) {
+  std::vector<Pack> packs;
+  std::vector<Tokens> used;
+  for (const PackItem& item : items) {
+    std::size_t p = 0;
+    while (p < packs.size() && used[p] + item.size_tokens > capacity) ++p;
+    if (p == packs.size()) {
+      packs.emplace_back();
+      used.push_back(0);
+    }
+    packs[p].push_back(item.sequence_id);
+    used[p] += item.size_tokens;
+  }
+  return packs;
+}
+
+TEST(FirstFitInOrder, HandChecked) {
+  // 60 -> P0, 50 -> P1, 30 -> P0 (90), 45 -> P1 (95), 10 -> P0 (100), 20 -> P2.
+  const std::vector<PackItem> items = {{0, 60}, {1, 50}, {2, 30}, {3, 45}, {4, 10}, {5, 20}};
+  EXPECT_EQ(first_fit_in_order(items, 100),
+            (std::vector<Pack>{{0, 2, 4}, {1, 3}, {5}}));
+}
+
+TEST(FirstFitInOrder, MatchesTheReferenceOnRandomItems) {
+  std::mt19937_64 random(11);
+  for (int i = 0; i < 300; ++i) {
+    const Tokens capacity = 1 + static_cast<Tokens>(random() % 200);
+    std::vector<PackItem> items(random() % 60);
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      items[k] = {static_cast<std::int64_t>(k), 1 + static_cast<Tokens>(random() % capacity)};
+    }
+    EXPECT_EQ(first_fit_in_order(items, capacity), first_fit_reference(items, capacity))
+        << "instance " << i;
+  }
+}
+
+TEST(StaticUlyssesDataOrder, PacksInBatchOrderDealtRoundRobin) {
+  const FakeCostModel cost;
+  // Degree 2: two groups of 226 tokens. First fit in order: 100, 100 -> P0; 50, 30 -> P1;
+  // 20 -> P0 (220). Token-balanced packing would put 100 + 30 and 100 + 50 + 20 together.
+  const Plan plan = plan_spec("static-ulysses:degree=2:packing=data-order", cost,
+                              {100, 100, 50, 30, 20});
+  ASSERT_EQ(plan.micro_batches.size(), 1u);
+  const auto& groups = plan.micro_batches[0].groups;
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(ids_of(groups[0]), (std::vector<std::int64_t>{0, 1, 4}));
+  EXPECT_EQ(groups[1].ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(ids_of(groups[1]), (std::vector<std::int64_t>{2, 3}));
+}
+
+TEST(StaticUlyssesDataOrder, MorePacksThanGroupsMakeMicroBatches) {
+  const FakeCostModel cost;
+  // Three 150-token sequences: no two share a 226-token pack; pack p goes to micro-batch
+  // p / 2, group p % 2, so the second micro-batch runs one group and idles the other.
+  const Plan plan = plan_spec("static-ulysses:degree=2:packing=data-order", cost,
+                              {150, 150, 150});
+  ASSERT_EQ(plan.micro_batches.size(), 2u);
+  ASSERT_EQ(plan.micro_batches[1].groups.size(), 1u);
+  EXPECT_EQ(plan.micro_batches[1].groups[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(ids_of(plan.micro_batches[1].groups[0]), (std::vector<std::int64_t>{2}));
+}
+
+TEST(StaticUlyssesPad, PaddedLengthsInThePlan) {
+  const FakeCostModel cost;
+  // pad=16: 100 -> 112 and 30 -> 32; each group splits its padded concatenation.
+  const Plan plan = plan_spec("static-ulysses:degree=2:pad=16", cost, {100, 30});
+  const auto& groups = plan.micro_batches.at(0).groups;
+  ASSERT_EQ(groups.size(), 2u);
+  const SequenceChunks& long_one = groups[0].sequences.at(0);
+  EXPECT_EQ(long_one.padded_length_tokens, 112);
+  ASSERT_EQ(long_one.chunks.size(), 2u);
+  EXPECT_EQ(long_one.chunks[0].end_tokens, 56);
+  EXPECT_EQ(long_one.chunks[1].end_tokens, 112);
+  EXPECT_EQ(groups[1].sequences.at(0).padded_length_tokens, 32);
+  // Degree 1 pads too (FlexSP pads every sequence): a local group over the padded length.
+  const Plan local = plan_spec("static-ulysses:degree=1:pad=16", cost, {10});
+  EXPECT_EQ(local.micro_batches[0].groups[0].scheme, Scheme::local);
+  EXPECT_EQ(local.micro_batches[0].groups[0].sequences[0].padded_length_tokens, 16);
+  // The padding counts against memory: degree-2 groups hold 226 tokens, so 225 padded to
+  // 240 does not fit...
+  EXPECT_THROW(find_planner("static-ulysses")
+                   .plan(make_batch({225}), cost,
+                         parse_strategy_spec("static-ulysses:degree=2:pad=16").options,
+                         SimulatorEvaluator(cost)),
+               PlanningError);
+  // ...and the default degree is chosen for the padded lengths: 194 fits one GPU, its
+  // padding to 208 does not.
+  EXPECT_EQ(group_sizes(plan_spec("static-ulysses:pad=16", cost, {194})), std::set<std::size_t>{2});
+  EXPECT_EQ(group_sizes(plan_spec("static-ulysses:pad=16", cost, {194}, 194)),
+            std::set<std::size_t>{2});
+}
+
+TEST(StaticUlyssesPad, ParametersAreChecked) {
+  EXPECT_THROW(parse_strategy_spec("static-ulysses:pad=0"), InputError);
+  EXPECT_THROW(parse_strategy_spec("static-ulysses:pad=4096"), InputError);
+  EXPECT_EQ(error_of([] { parse_strategy_spec("static-ulysses:packing=sorted"); }),
+            "static-ulysses: packing=sorted is unknown; use balanced (the default) or "
+            "data-order");
+  EXPECT_THROW(parse_strategy_spec("static-cp:pad=16"), InputError);  // static-ulysses only
 }
 
 }  // namespace
