@@ -46,7 +46,7 @@ ZEPPELIN_SCALE_HEADLINE = ("Zeppelin (EuroSys'26) studies scaling from 16 to 128
 NO_HEADLINE = None  # ballast's own settings
 
 # Which strategy each family's headline is about, and its baseline.
-FAMILY_STRATEGY = {"flexsp": "flexsp", "zeppelin": "zeppelin"}
+FAMILY_STRATEGY = {"flexsp": "flexsp", "zeppelin": "zeppelin", "zeppelin-cp16": "zeppelin"}
 
 
 class Progress:
@@ -98,6 +98,8 @@ def family_of(name):
         return "flexsp"
     if name.startswith("zeppelin-scale-"):
         return "zeppelin-scale"
+    if name.startswith("zeppelin-") and name.endswith("-cp16"):
+        return "zeppelin-cp16"  # the paper's TE CP set-up: rings of 16 GPUs
     if name.startswith("zeppelin-"):
         return "zeppelin"
     return "other"
@@ -105,6 +107,7 @@ def family_of(name):
 
 def headline_of(name):
     return {"flexsp": FLEXSP_HEADLINE, "zeppelin": ZEPPELIN_HEADLINE,
+            "zeppelin-cp16": ZEPPELIN_HEADLINE,
             "zeppelin-scale": ZEPPELIN_SCALE_HEADLINE}.get(family_of(name), NO_HEADLINE)
 
 
@@ -302,6 +305,7 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
         family = family_of(label)
         paper = {"flexsp": "FlexSP: up to 1.72x over DeepSpeed-Ulysses",
                  "zeppelin": "Zeppelin: 2.80x mean, up to 6.60x over TE CP",
+                 "zeppelin-cp16": "Zeppelin: 2.80x mean, up to 6.60x over TE CP",
                  "zeppelin-scale": "Zeppelin: scaling 16-128 GPUs"}.get(family, "none")
         strategy = FAMILY_STRATEGY.get(family.removesuffix("-scale"))
         row = row_of(result, strategy) if strategy else None
@@ -315,7 +319,8 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
     zeppelin = [r["speedup"] for r in zeppelin if r and r["speedup"] is not None]
     if zeppelin:
         add("")
-        add(f"Zeppelin over TE CP (`static-cp`) in the {len(zeppelin)} `zeppelin-*` scenarios: mean "
+        add(f"Zeppelin over TE CP (`static-cp` at each scenario's degree) in the {len(zeppelin)} "
+            "`zeppelin-*` scenarios: mean "
             f"{sum(zeppelin) / len(zeppelin):.2f}x, {min(zeppelin):.2f}-{max(zeppelin):.2f}x "
             "(published: 2.80x mean, up to 6.60x).")
     flexsp = [row_of(results[l], "flexsp") for l, _, _ in compares if family_of(l) == "flexsp"]
@@ -350,6 +355,8 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
                 ("FlexSP's evaluation", lambda l: family_of(l) == "flexsp"),
                 ("Zeppelin's evaluation", lambda l: family_of(l) == "zeppelin"),
                 ("Zeppelin's scaling study", lambda l: family_of(l) == "zeppelin-scale"),
+                ("Zeppelin's setting with TE CP on 16-GPU rings",
+                 lambda l: family_of(l) == "zeppelin-cp16"),
                 ("Other scenarios", lambda l: family_of(l) == "other" and not l.startswith("default"))]
     for title, keep in sections:
         chosen = [c for c in compares if keep(c[0])]

@@ -3,7 +3,8 @@
 
 Usage: /usr/bin/python3 tools/zeppelin_tables.py [PATH/TO/ballast] [--jobs N]
 (default binary: build/tools/ballast). Every figure comes from `ballast compare
---scenario NAME --format json`; the ablation ladder adds `--ablation`.
+--scenario NAME --format json`; the ablation ladder adds `--ablation`. TE CP is each
+scenario's baseline row (static-cp at the degree the scenario names).
 """
 import json
 import subprocess
@@ -37,7 +38,14 @@ def compare(*args):
 
 
 def rows_by_strategy(result):
-    return {row["strategy"]: row for row in result["results"]}
+    """Rows by strategy name (a spec's part before ':', e.g. static-cp:degree=8 -> static-cp;
+    the first row of each name), and "baseline" for the scenario's baseline row."""
+    rows = {}
+    for row in result["results"]:
+        rows.setdefault(row["strategy"].split(":")[0], row)
+        if row["strategy"] == result["settings"]["baseline"]:
+            rows["baseline"] = row
+    return rows
 
 
 def fmt_time(row):
@@ -58,8 +66,9 @@ listing = subprocess.run([ballast, "list", "scenarios"], check=True, capture_out
                          text=True).stdout
 names = [line.split()[0] for line in listing.splitlines()
          if line.strip().startswith("zeppelin-")]
-main = [n for n in names if not n.startswith("zeppelin-scale-")]
+main = [n for n in names if not n.startswith("zeppelin-scale-") and not n.endswith("-cp16")]
 scale = [n for n in names if n.startswith("zeppelin-scale-")]
+rings16 = [n for n in names if n.endswith("-cp16")]
 total = len(names) + 1  # and the ablation ladder
 
 with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -74,7 +83,7 @@ print("|---|---|---|---|---|---|---|---|---|")
 speedups = []
 for name in main:
     rows = rows_by_strategy(results[name])
-    z, te = rows["zeppelin"], rows["static-cp"]
+    z, te = rows["zeppelin"], rows["baseline"]  # TE CP at the scenario's degree
     if z["speedup"] is not None:
         speedups.append(z["speedup"])
     print(f"| {name} | {fmt_time(te)} | {fmt_speedup(rows['static-cp-allgather'])} | "
@@ -100,8 +109,17 @@ print("|---|---|---|---|---|---|")
 for name in scale:
     rows = rows_by_strategy(results[name])
     gpus = name.split("-")[-1].removesuffix("gpu")
-    print(f"| {gpus} | {fmt_time(rows['static-cp'])} | {fmt_time(rows['hybrid-dp'])} | "
+    print(f"| {gpus} | {fmt_time(rows['baseline'])} | {fmt_time(rows['hybrid-dp'])} | "
           f"{fmt_time(rows['zeppelin'])} | {fmt_speedup(rows['zeppelin'])} | "
           f"{fmt_figure(rows['zeppelin']['plan_time_ms'], '.1f')} |")
+print("\n### TE CP on 16-GPU rings, as the paper sets it up (LLaMA-7B, ProLong window)\n")
+print("| scenario | TE CP (s) | LLaMA CP | Hybrid DP | Zeppelin (s) | Zeppelin speedup | bound (s) | plan (ms) |")
+print("|---|---|---|---|---|---|---|---|")
+for name in rings16:
+    rows = rows_by_strategy(results[name])
+    z = rows["zeppelin"]
+    print(f"| {name} | {fmt_time(rows['baseline'])} | {fmt_speedup(rows['static-cp-allgather'])} | "
+          f"{fmt_speedup(rows['hybrid-dp'])} | {fmt_time(z)} | {fmt_speedup(z)} | "
+          f"{fmt_figure(z['lower_bound_s'], '.3f')} | {fmt_figure(z['plan_time_ms'], '.1f')} |")
 total = sum(r["wall_s"] for r in results.values()) + ladder["wall_s"]
 print(f"\n({len(names) + 1} compares, {total:.0f} s of compare wall time.)")
