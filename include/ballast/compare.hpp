@@ -30,6 +30,10 @@ struct RunInputs {
   SamplerStats sampler_stats;
 };
 
+/// The cost model of the settings' cluster (in TP groups with --tp), model (with
+/// --recompute) and cost model. Throws InputError on any bad setting, or when not one
+/// token fits a GPU.
+std::unique_ptr<CostModel> resolve_cost_model(const RunSettings& settings);
 /// Loads dataset, cluster, model and cost model and samples settings.steps batches.
 /// Throws InputError on any bad setting.
 RunInputs resolve_inputs(const RunSettings& settings);

@@ -14,18 +14,23 @@
 
 namespace ballast {
 
+std::unique_ptr<CostModel> resolve_cost_model(const RunSettings& settings) {
+  Model model = load_model(settings.model);
+  if (settings.recompute) model.recompute = *settings.recompute;
+  const Cluster cluster = tensor_parallel_units(load_cluster(settings.cluster, settings.nodes),
+                                                model, settings.tensor_parallel);
+  auto cost = make_cost_model(load_cost_model_spec(settings.cost_model), cluster, model);
+  cost->token_capacity_per_rank();  // fails early, naming model and cluster
+  return cost;
+}
+
 RunInputs resolve_inputs(const RunSettings& settings) {
   if (settings.steps < 1) {
     throw InputError(fmt::format("--steps {} must be at least 1", settings.steps));
   }
   RunInputs inputs;
   inputs.dataset = load_dataset(settings.dataset);
-  Model model = load_model(settings.model);
-  if (settings.recompute) model.recompute = *settings.recompute;
-  const Cluster cluster = tensor_parallel_units(load_cluster(settings.cluster, settings.nodes),
-                                                model, settings.tensor_parallel);
-  inputs.cost = make_cost_model(load_cost_model_spec(settings.cost_model), cluster, model);
-  inputs.cost->token_capacity_per_rank();  // fails early, naming model and cluster
+  inputs.cost = resolve_cost_model(settings);
   BatchSampler sampler(inputs.dataset, settings.sampler);
   for (int step = 0; step < settings.steps; ++step) inputs.batches.push_back(sampler.next());
   inputs.sampler_stats = sampler.stats();

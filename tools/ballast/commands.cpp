@@ -380,10 +380,7 @@ void apply_degree_sweep(const CompareArgs& args, RunSettings& settings) {
     const bool has_static_cp = std::find(specs.begin(), specs.end(), "static-cp") != specs.end();
     settings.baseline = has_static_cp ? "static-cp" : specs.front();
   }
-  Model model = load_model(settings.model);  // as resolve_inputs() loads it
-  if (settings.recompute) model.recompute = *settings.recompute;
-  const auto cost = make_cost_model(load_cost_model_spec(settings.cost_model),
-                                    load_cluster(settings.cluster, settings.nodes), model);
+  const auto cost = resolve_cost_model(settings);  // what the comparison will plan on
   std::vector<std::string> notes;
   settings.strategies = expand_degree_sweep(args.sweep, specs, settings.baseline, *cost,
                                             settings.planner_options(), notes);
