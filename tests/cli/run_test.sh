@@ -116,7 +116,7 @@ check "... and names the model" has "$work/err" "measured with the model 'hidden
 code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --cluster "$work/host2.json" --tp 2)
 check "run --tp 2 exits 2" test "$code" = 2
 check "... and says TP is not executed yet" has "$work/err" "tensor parallelism 2 is not yet executed by ballast's runtime"
-"$ballast" plan --strategy static-cp --nodes 1 --tp 2 --tokens-per-step 100000 -o "$work/tp-plan.json" 2>"$work/err"
+"$ballast" plan --strategy static-cp --nodes 1 --tp 2 --tokens-per-step 100000 --max-context 65536 -o "$work/tp-plan.json" 2>"$work/err"
 code=$(run "$work/out" "$work/err" -np 4 "$ballast" run --plan "$work/tp-plan.json")
 check "run --plan of TP groups exits 2" test "$code" = 2
 check "... and says TP is not executed yet" has "$work/err" "tp-plan.json: tensor parallelism 2 is not yet executed"
