@@ -46,7 +46,8 @@ ZEPPELIN_SCALE_HEADLINE = ("Zeppelin (EuroSys'26) studies scaling from 16 to 128
 NO_HEADLINE = None  # ballast's own settings
 
 # Which strategy each family's headline is about, and its baseline.
-FAMILY_STRATEGY = {"flexsp": "flexsp", "zeppelin": "zeppelin", "zeppelin-cp16": "zeppelin"}
+FAMILY_STRATEGY = {"flexsp": "flexsp", "zeppelin": "zeppelin", "zeppelin-cp16": "zeppelin",
+                   "zeppelin-tp": "zeppelin"}
 
 
 class Progress:
@@ -100,6 +101,8 @@ def family_of(name):
         return "zeppelin-scale"
     if name.startswith("zeppelin-") and name.endswith("-cp16"):
         return "zeppelin-cp16"  # the paper's TE CP set-up: rings of 16 GPUs
+    if name.startswith("zeppelin-") and name.endswith("-tp2"):
+        return "zeppelin-tp"  # the paper's 13B with tensor parallelism
     if name.startswith("zeppelin-"):
         return "zeppelin"
     return "other"
@@ -107,7 +110,7 @@ def family_of(name):
 
 def headline_of(name):
     return {"flexsp": FLEXSP_HEADLINE, "zeppelin": ZEPPELIN_HEADLINE,
-            "zeppelin-cp16": ZEPPELIN_HEADLINE,
+            "zeppelin-cp16": ZEPPELIN_HEADLINE, "zeppelin-tp": ZEPPELIN_HEADLINE,
             "zeppelin-scale": ZEPPELIN_SCALE_HEADLINE}.get(family_of(name), NO_HEADLINE)
 
 
@@ -306,6 +309,7 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
         paper = {"flexsp": "FlexSP: up to 1.72x over DeepSpeed-Ulysses",
                  "zeppelin": "Zeppelin: 2.80x mean, up to 6.60x over TE CP",
                  "zeppelin-cp16": "Zeppelin: 2.80x mean, up to 6.60x over TE CP",
+                 "zeppelin-tp": "Zeppelin: 2.80x mean, up to 6.60x over TE CP",
                  "zeppelin-scale": "Zeppelin: scaling 16-128 GPUs"}.get(family, "none")
         strategy = FAMILY_STRATEGY.get(family.removesuffix("-scale"))
         row = row_of(result, strategy) if strategy else None
@@ -357,6 +361,8 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
                 ("Zeppelin's scaling study", lambda l: family_of(l) == "zeppelin-scale"),
                 ("Zeppelin's setting with TE CP on 16-GPU rings",
                  lambda l: family_of(l) == "zeppelin-cp16"),
+                ("Zeppelin's 13B with tensor parallelism 2",
+                 lambda l: family_of(l) == "zeppelin-tp"),
                 ("Other scenarios", lambda l: family_of(l) == "other" and not l.startswith("default"))]
     for title, keep in sections:
         chosen = [c for c in compares if keep(c[0])]

@@ -66,7 +66,8 @@ listing = subprocess.run([ballast, "list", "scenarios"], check=True, capture_out
                          text=True).stdout
 names = [line.split()[0] for line in listing.splitlines()
          if line.strip().startswith("zeppelin-")]
-main = [n for n in names if not n.startswith("zeppelin-scale-") and not n.endswith("-cp16")]
+main = [n for n in names if not n.startswith("zeppelin-scale-") and not n.endswith("-cp16")
+        and not n.endswith("-tp2")]  # tensor parallelism: docs/zeppelin.md's own TP table
 scale = [n for n in names if n.startswith("zeppelin-scale-")]
 rings16 = [n for n in names if n.endswith("-cp16")]
 total = len(names) + 1  # and the ablation ladder
