@@ -4,6 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <exception>
+#include <functional>
+#include <string>
+
 #include "ballast/cost_model.hpp"
 
 namespace ballast::testing {
@@ -74,5 +78,15 @@ class FakeCostModel final : public CostModel {
  private:
   Bytes free_bytes_;
 };
+
+/// The message of whatever `action` throws, or "" when it throws nothing.
+inline std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
 
 }  // namespace ballast::testing

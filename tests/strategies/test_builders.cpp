@@ -14,18 +14,10 @@
 namespace ballast::strategies {
 namespace {
 
+using testing::error_of;
 using testing::FakeCostModel;
 using testing::tiny_cluster;
 using testing::tiny_model;
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "";
-}
 
 TEST(Registry, ListsStrategiesInOrder) {
   const std::vector<std::string> expected = {"packed-dp",           "static-cp",

@@ -18,17 +18,9 @@
 namespace ballast::strategies {
 namespace {
 
+using testing::error_of;
 using testing::FakeCostModel;
 using testing::tiny_cluster;
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "";
-}
 
 Scheme scheme_of(const std::string& strategy) {
   if (strategy == "static-cp") return Scheme::ring;
