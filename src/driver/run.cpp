@@ -20,35 +20,44 @@
 #include "ballast/runtime/mpi.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/tensor_parallel.hpp"
 
 namespace ballast::driver {
 
 namespace {
 
-/// The runtime executes one rank per device; a TP group would need the linear modules
-/// split and their collectives run, which it does not do yet (the planner and the
-/// simulator price TP; docs/cost-model.md, "Tensor parallelism").
-void reject_tensor_parallel(int tensor_parallel, const std::string& source) {
-  if (tensor_parallel <= 1) return;
-  throw InputError(fmt::format(
-      "{}: tensor parallelism {} is not yet executed by ballast's runtime (ballast plan, "
-      "simulate and compare price it); run without {}",
-      source, tensor_parallel, setting_name("--tp")));
+/// Throws InputError unless the runtime's model splits over `tensor_parallel` GPUs: the
+/// heads, KV heads and FFN columns divide evenly (column- and row-parallel linears).
+void check_runtime_tensor_parallel(const runtime::ModelConfig& model, int tensor_parallel,
+                                   const std::string& source) {
+  const auto require = [&](int value, const char* flag) {
+    if (value % tensor_parallel == 0) return;
+    throw InputError(fmt::format("{}: tensor parallelism {} splits the runtime model's {} {} unevenly; "
+                                 "choose {} a multiple of {} or a {} that divides it",
+                                 source, tensor_parallel, flag, value, flag, tensor_parallel,
+                                 setting_name("--tp")));
+  };
+  require(model.heads, "--heads");
+  require(model.kv_heads, "--kv-heads");
+  require(model.ffn_hidden, "--ffn");
 }
 
 /// Throws InputError naming `source` when `plan` cannot run on this job: another rank
-/// count, other heads or KV heads than the model (Ulysses members own head ranges, so
+/// count (the plan's ranks x its TP degree), TP that splits the model unevenly, other heads or KV heads than the model (Ulysses members own head ranges, so
 /// the plan's groups were sized for its heads), or a micro-batch whose MPI messages would
 /// not fit MPI's int element counts. The plan's layers, hidden size and FFN only set its
 /// costs and memory, not what runs, so they may differ. Runs on every rank before any
 /// communication, so every rank raises the same error and none blocks in MPI.
 void check_plan_matches_job(const Plan& plan, const RunOptions& options, int ranks, const std::string& source) {
-  reject_tensor_parallel(plan.cluster.tensor_parallel.gpus, source);
-  if (plan.cluster.ranks() != ranks) {
-    throw InputError(fmt::format("{}: the plan is for {} ranks but the job has {}; run with "
-                                 "mpirun -np {}", source, plan.cluster.ranks(), ranks,
-                                 plan.cluster.ranks()));
+  const int tensor_parallel = plan.cluster.tensor_parallel.gpus;
+  if (plan.cluster.gpus() != ranks) {
+    const std::string planned = tensor_parallel > 1 ? fmt::format("{} GPUs ({} TP groups of {})", plan.cluster.gpus(),
+                                                                  plan.cluster.ranks(), tensor_parallel)
+                                                    : fmt::format("{} ranks", plan.cluster.ranks());
+    throw InputError(fmt::format("{}: the plan is for {} but the job has {}; run with mpirun -np {}", source,
+                                 planned, ranks, plan.cluster.gpus()));
   }
+  check_runtime_tensor_parallel(options.model, tensor_parallel, source);
   if (plan.model.heads != options.model.heads || plan.model.kv_heads != options.model.kv_heads) {
     throw InputError(fmt::format("{}: the plan is for {} heads / {} KV heads but the model has {} / {}; "
                                  "pass --heads {} --kv-heads {} to match", source,
@@ -86,7 +95,6 @@ std::vector<Plan> read_plans(const RunOptions& options, int ranks) {
 }
 
 std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
-  reject_tensor_parallel(options.settings.tensor_parallel, setting_name("--tp"));
   if (options.length_scale < 1) throw InputError("--length-scale must be at least 1");
   if (options.rank_tokens < 1) throw InputError("--rank-tokens must be at least 1");
   if (options.settings.steps < 1) {
@@ -94,9 +102,14 @@ std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
   }
   // planning_model() initialises the whole parameter vector to count it: once.
   const Model model = runtime::planning_model(options.model);
+  // --tp N: the plan's ranks are TP groups of N of the job's ranks (one per emulated GPU).
+  const int tensor_parallel = options.settings.tensor_parallel;
+  check_runtime_tensor_parallel(options.model, tensor_parallel, setting_name("--tp"));
   const auto cost = make_cost_model(
       load_cost_model_spec("analytical"),
-      emulated_cluster(model, ranks, options.gpus_per_node, options.rank_tokens, options.host), model);
+      tensor_parallel_units(emulated_cluster(model, ranks, options.gpus_per_node, options.rank_tokens, options.host),
+                            model, tensor_parallel),
+      model);
   const SimulatorEvaluator evaluator(*cost, options.settings.gradient_sync);
   const Dataset dataset = load_dataset(options.settings.dataset);
   BatchSampler sampler(dataset, options.settings.sampler);
@@ -135,19 +148,22 @@ void summarise_measurements(std::vector<runtime::RankMeasurement> ranks, StepRep
 /// node shape and memory, the runtime's own model (what runs, whatever model the plan was
 /// made for).
 std::unique_ptr<CostModel> prediction_cost(const Plan& plan, const RunOptions& options) {
+  // With TP: the host's GPUs in the plan's node shape, grouped as the plan's ranks are.
+  const int tensor_parallel = plan.cluster.tensor_parallel.gpus;
   Cluster cluster = options.host;
   cluster.name = plan.cluster.name;
   cluster.nodes = plan.cluster.nodes;
-  cluster.gpus_per_node = plan.cluster.gpus_per_node;
-  cluster.nics_per_node = plan.cluster.nics_per_node;
-  cluster.gpu_memory_bytes = plan.cluster.gpu_memory_bytes;
+  cluster.gpus_per_node = plan.cluster.gpus_per_node * tensor_parallel;
+  cluster.nics_per_node = tensor_parallel > 1 ? cluster.gpus_per_node : plan.cluster.nics_per_node;
+  cluster.gpu_memory_bytes = plan.cluster.gpu_memory_bytes / tensor_parallel;
   cluster.memory_usable_fraction = plan.cluster.memory_usable_fraction;
   Model model = runtime::planning_model(options.model);
   // A plan made for another model is validated for memory against that model.
   model.activation_bytes_per_token =
       std::min(model.activation_bytes_per_token, plan.model.activation_bytes_per_token);
   model.parameters = std::min(model.parameters, plan.model.parameters);
-  return make_cost_model(load_cost_model_spec("analytical"), cluster, model);
+  return make_cost_model(load_cost_model_spec("analytical"),
+                         tensor_parallel_units(cluster, model, tensor_parallel), model);
 }
 
 double relative_error(double predicted, double measured) {
@@ -288,7 +304,7 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
   report.strategy = options.plan_path.empty() ? options.strategy : plans.front().strategy;
   report.ranks = ranks;
   report.corpus_provenance = corpus.provenance;
-  report.gpus_per_node = plans.front().cluster.gpus_per_node;
+  report.gpus_per_node = plans.front().cluster.gpus_per_node * plans.front().cluster.tensor_parallel.gpus;
   report.host_cluster = fmt::format("{} ({})", options.host.name, options.host_source);
   report.host_provenance = options.host.provenance;
 
@@ -328,8 +344,22 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
       try {
         SimulationReport predicted = simulate(plan, *cost, simulation);
         step.predicted_step_s = predicted.step_time_s;
-        for (const RankTimes& times : predicted.ranks) step.predicted_busy_s.push_back(times.busy_s);
-        if (simulation.record_trace) report.predicted_trace = std::move(predicted.trace);
+        // The simulator's rank is a TP group: each of its GPUs (MPI ranks) is predicted
+        // to be busy and to run events as the group.
+        const int tensor_parallel = plan.cluster.tensor_parallel.gpus;
+        for (const RankTimes& times : predicted.ranks) {
+          step.predicted_busy_s.insert(step.predicted_busy_s.end(), static_cast<std::size_t>(tensor_parallel),
+                                       times.busy_s);
+        }
+        if (simulation.record_trace) {
+          for (const TraceEvent& event : predicted.trace) {
+            for (int member = 0; member < tensor_parallel; ++member) {
+              TraceEvent gpu_event = event;
+              gpu_event.rank = event.rank * tensor_parallel + member;
+              report.predicted_trace.push_back(std::move(gpu_event));
+            }
+          }
+        }
       } catch (const InputError& error) {  // e.g. a plan file whose memory the host cannot hold
         step.prediction_note = fmt::format("no prediction: {}", error.what());
       }

@@ -210,15 +210,17 @@ double cross_entropy(const std::vector<std::int32_t>& targets, int vocab, float*
   return loss_sum;
 }
 
-/// What the backward of one layer needs from its forward (the engine keeps q, k, v).
+/// What the backward of one layer needs from its forward (the engine keeps q, k, v). Rows:
+/// ns, this member's sequence shard (all n tokens without tensor parallelism); n, the
+/// group's tokens; heads and FFN columns are this member's.
 struct LayerActivations {
-  std::vector<float> input;  // [n, hidden] residual stream entering the layer
-  std::vector<float> attn_rms;  // [n] 1 / rms of input
-  std::vector<float> attn_in;  // [n, hidden] RMSNorm(input)
+  std::vector<float> input;  // [ns, hidden] residual stream entering the layer
+  std::vector<float> attn_rms;  // [ns] 1 / rms of input
+  std::vector<float> attn_in;  // [n, hidden] RMSNorm(input), all-gathered
   std::vector<float> attention;  // [n, heads * head_dim] engine output
-  std::vector<float> middle;  // [n, hidden] input + attention * wo
-  std::vector<float> mlp_rms;  // [n]
-  std::vector<float> mlp_in;  // [n, hidden] RMSNorm(middle)
+  std::vector<float> middle;  // [ns, hidden] input + attention * wo
+  std::vector<float> mlp_rms;  // [ns]
+  std::vector<float> mlp_in;  // [n, hidden] RMSNorm(middle), all-gathered
   std::vector<float> gate, up;  // [n, ffn] mlp_in * w_gate, mlp_in * w_up
   std::vector<float> activated;  // [n, ffn] silu(gate) * up
 };
@@ -365,8 +367,75 @@ void LocalAttentionEngine::backward(int layer, const AttentionShape& shape,
                                 d_k, d_v);
 }
 
+ShardRows tensor_parallel_shard(int tokens, int members, int member) {
+  BALLAST_CHECK(tokens >= 0 && members >= 1 && member >= 0 && member < members,
+                "tensor_parallel_shard of member " + std::to_string(member) + " of " +
+                    std::to_string(members));
+  const int base = tokens / members, extra = tokens % members;
+  return {member * base + std::min(member, extra), base + (member < extra ? 1 : 0)};
+}
+
+void check_tensor_parallel(const ModelConfig& config, int members) {
+  require_config(members >= 1, "tensor parallelism", "must be at least 1");
+  const auto divides = [&](int value, const char* field) {
+    require_config(value % members == 0, field,
+                   "= " + std::to_string(value) + " is not divisible by the tensor-parallel size " +
+                       std::to_string(members) + "; choose a TP size that divides " + field +
+                       " (column- and row-parallel linears split it evenly)");
+  };
+  divides(config.heads, "heads");
+  divides(config.kv_heads, "kv_heads");
+  divides(config.ffn_hidden, "ffn_hidden");
+}
+
+namespace {
+
+/// matmul() on blocks of larger row-major matrices: lda, ldb, ldc are the full row widths.
+void matmul_ld(bool transpose_a, bool transpose_b, int m, int n, int k, const float* a, int lda,
+               const float* b, int ldb, float beta, float* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) c[static_cast<std::size_t>(i) * ldc + j] *= beta;
+    return;
+  }
+  gemm(transpose_a, transpose_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
+/// The sequence-parallel collectives of one member, or the identity without a group.
+struct SequenceParallel {
+  TensorParallelGroup* group = nullptr;
+  std::vector<int> row_counts;  ///< per member
+  int members() const { return group != nullptr ? group->size() : 1; }
+  /// shard [rows, width] -> all [n, width]
+  void gather(const std::vector<float>& shard, int width, std::vector<float>& all) const {
+    if (group == nullptr) {
+      all = shard;
+      return;
+    }
+    std::size_t rows = 0;
+    for (const int count : row_counts) rows += static_cast<std::size_t>(count);
+    all.resize(rows * width);
+    group->all_gather(shard.data(), row_counts, width, all.data());
+  }
+  /// all [n, width] summed over members -> this member's rows, added to `shard`.
+  void scatter_add(const std::vector<float>& all, int width, std::vector<float>& scratch,
+                   std::vector<float>& shard) const {
+    if (group == nullptr) {
+      for (std::size_t i = 0; i < shard.size(); ++i) shard[i] += all[i];
+      return;
+    }
+    scratch.resize(shard.size());
+    group->reduce_scatter(all.data(), row_counts, width, scratch.data());
+    for (std::size_t i = 0; i < shard.size(); ++i) shard[i] += scratch[i];
+  }
+};
+
+}  // namespace
+
 StepOutput forward_backward(const ModelConfig& config, const Parameters& parameters,
-                            const TokenBatch& batch, AttentionEngine& attention) {
+                            const TokenBatch& batch, AttentionEngine& attention,
+                            TensorParallelGroup* tensor_parallel) {
   config.check();
   const std::vector<TensorInfo> layout = parameter_layout(config);
   check_batch(config, parameters, layout, batch);
@@ -375,118 +444,169 @@ StepOutput forward_backward(const ModelConfig& config, const Parameters& paramet
   result.gradients.assign(parameters.values.size(), 0.0f);
   const auto grads = view_of(config, layout, result.gradients.data());
 
-  const int n = batch.size();
+  SequenceParallel sp;
+  if (tensor_parallel != nullptr && tensor_parallel->size() > 1) sp.group = tensor_parallel;
+  const int members = sp.members();
+  const int member = sp.group != nullptr ? sp.group->rank() : 0;
+  check_tensor_parallel(config, members);
+  const int n = batch.size();  // the group's tokens: attention and the linears' inputs
+  for (int m = 0; m < members; ++m) sp.row_counts.push_back(tensor_parallel_shard(n, members, m).count);
+  const ShardRows shard = tensor_parallel_shard(n, members, member);
+  const int s0 = shard.first, ns = shard.count;  // this member's sequence shard
+
   const int hidden = config.hidden;
   const int vocab = config.vocab;
-  const int ffn = config.ffn_hidden;
-  const AttentionShape shape = config.attention_shape();
+  const int ffn_width = config.ffn_hidden;
+  const int ffn = ffn_width / members;  // this member's FFN columns [f0, f0 + ffn)
+  const int f0 = member * ffn;
+  const AttentionShape full_shape = config.attention_shape();
+  const AttentionShape shape{full_shape.heads / members, full_shape.kv_heads / members,
+                             full_shape.head_dim};  // this member's heads
+  const int q_full = full_shape.heads * full_shape.head_dim;
+  const int kv_full = full_shape.kv_heads * full_shape.head_dim;
   const int q_width = shape.heads * shape.head_dim;
   const int kv_width = shape.kv_heads * shape.head_dim;
+  const int q0 = member * q_width, kv0 = member * kv_width;  // column offsets of my heads
   const std::size_t rows = static_cast<std::size_t>(n);
+  const std::size_t shard_rows = static_cast<std::size_t>(ns);
   std::vector<float> cosines, sines;
   rope_tables(batch, shape.head_dim, config.rope_theta, cosines, sines);
 
   // ---- forward ----
-  std::vector<float> x(rows * hidden);  // [n, hidden] residual stream
-  for (int t = 0; t < n; ++t)
-    std::copy_n(weights.embedding + static_cast<std::size_t>(batch.tokens[t]) * hidden, hidden,
+  std::vector<float> x(shard_rows * hidden);  // [ns, hidden] residual stream of my shard
+  for (int t = 0; t < ns; ++t)
+    std::copy_n(weights.embedding + static_cast<std::size_t>(batch.tokens[s0 + t]) * hidden, hidden,
                 x.begin() + static_cast<std::ptrdiff_t>(t) * hidden);
   std::vector<LayerActivations> saved(config.layers);
   std::vector<float> q(rows * q_width), k(rows * kv_width), v(rows * kv_width);
+  std::vector<float> norm_shard(shard_rows * hidden), partial(rows * hidden), scratch;
   for (int layer = 0; layer < config.layers; ++layer) {
     const auto& w = weights.layers[layer];
     LayerActivations& a = saved[layer];
     a.input = x;
-    a.attn_rms.resize(rows);
-    a.attn_in.resize(rows * hidden);
-    rmsnorm_forward(x.data(), w.attn_norm, n, hidden, config.norm_eps, a.attn_in.data(),
+    a.attn_rms.resize(shard_rows);
+    rmsnorm_forward(x.data(), w.attn_norm, ns, hidden, config.norm_eps, norm_shard.data(),
                     a.attn_rms.data());
-    matmul(false, false, n, q_width, hidden, a.attn_in.data(), w.wq, 0.0f, q.data());
-    matmul(false, false, n, kv_width, hidden, a.attn_in.data(), w.wk, 0.0f, k.data());
-    matmul(false, false, n, kv_width, hidden, a.attn_in.data(), w.wv, 0.0f, v.data());
+    sp.gather(norm_shard, hidden, a.attn_in);  // [n, hidden]
+    matmul_ld(false, false, n, q_width, hidden, a.attn_in.data(), hidden, w.wq + q0, q_full, 0.0f,
+              q.data(), q_width);
+    matmul_ld(false, false, n, kv_width, hidden, a.attn_in.data(), hidden, w.wk + kv0, kv_full,
+              0.0f, k.data(), kv_width);
+    matmul_ld(false, false, n, kv_width, hidden, a.attn_in.data(), hidden, w.wv + kv0, kv_full,
+              0.0f, v.data(), kv_width);
     rope_rotate(q.data(), n, shape.heads, shape.head_dim, cosines, sines, 1.0f);
     rope_rotate(k.data(), n, shape.kv_heads, shape.head_dim, cosines, sines, 1.0f);
     a.attention.resize(rows * q_width);
     attention.forward(layer, shape, batch, q.data(), k.data(), v.data(), a.attention.data());
-    matmul(false, false, n, hidden, q_width, a.attention.data(), w.wo, 1.0f, x.data());
+    // Row-parallel output projection: my heads' rows of wo, summed over the group.
+    matmul(false, false, n, hidden, q_width, a.attention.data(),
+           w.wo + static_cast<std::size_t>(q0) * hidden, 0.0f, partial.data());
+    sp.scatter_add(partial, hidden, scratch, x);
     a.middle = x;
-    a.mlp_rms.resize(rows);
-    a.mlp_in.resize(rows * hidden);
-    rmsnorm_forward(x.data(), w.mlp_norm, n, hidden, config.norm_eps, a.mlp_in.data(),
+    a.mlp_rms.resize(shard_rows);
+    rmsnorm_forward(x.data(), w.mlp_norm, ns, hidden, config.norm_eps, norm_shard.data(),
                     a.mlp_rms.data());
+    sp.gather(norm_shard, hidden, a.mlp_in);
     a.gate.resize(rows * ffn);
     a.up.resize(rows * ffn);
-    matmul(false, false, n, ffn, hidden, a.mlp_in.data(), w.w_gate, 0.0f, a.gate.data());
-    matmul(false, false, n, ffn, hidden, a.mlp_in.data(), w.w_up, 0.0f, a.up.data());
+    matmul_ld(false, false, n, ffn, hidden, a.mlp_in.data(), hidden, w.w_gate + f0, ffn_width,
+              0.0f, a.gate.data(), ffn);
+    matmul_ld(false, false, n, ffn, hidden, a.mlp_in.data(), hidden, w.w_up + f0, ffn_width,
+              0.0f, a.up.data(), ffn);
     a.activated.resize(rows * ffn);
     for (std::size_t i = 0; i < a.activated.size(); ++i)
       a.activated[i] = a.gate[i] * sigmoid(a.gate[i]) * a.up[i];
-    matmul(false, false, n, hidden, ffn, a.activated.data(), w.w_down, 1.0f, x.data());
+    matmul(false, false, n, hidden, ffn, a.activated.data(),
+           w.w_down + static_cast<std::size_t>(f0) * hidden, 0.0f, partial.data());
+    sp.scatter_add(partial, hidden, scratch, x);
   }
-  std::vector<float> final_rms(rows), final_out(rows * hidden);
-  rmsnorm_forward(x.data(), weights.final_norm, n, hidden, config.norm_eps, final_out.data(),
+  std::vector<float> final_rms(shard_rows), final_out(shard_rows * hidden);
+  rmsnorm_forward(x.data(), weights.final_norm, ns, hidden, config.norm_eps, final_out.data(),
                   final_rms.data());
-  std::vector<float> logits(rows * vocab);  // [n, vocab], then d(loss_sum)/d(logits)
+  std::vector<float> logits(shard_rows * vocab);  // [ns, vocab], then d(loss_sum)/d(logits)
   if (config.tied_embeddings)
-    matmul(false, true, n, vocab, hidden, final_out.data(), weights.output, 0.0f, logits.data());
+    matmul(false, true, ns, vocab, hidden, final_out.data(), weights.output, 0.0f, logits.data());
   else
-    matmul(false, false, n, vocab, hidden, final_out.data(), weights.output, 0.0f, logits.data());
-  result.loss_sum = cross_entropy(batch.targets, vocab, logits.data());
-  result.target_count = std::count_if(batch.targets.begin(), batch.targets.end(),
+    matmul(false, false, ns, vocab, hidden, final_out.data(), weights.output, 0.0f, logits.data());
+  const std::vector<std::int32_t> targets(batch.targets.begin() + s0, batch.targets.begin() + s0 + ns);
+  result.loss_sum = cross_entropy(targets, vocab, logits.data());
+  result.target_count = std::count_if(targets.begin(), targets.end(),
                                       [](std::int32_t target) { return target >= 0; });
 
   // ---- backward ----
   const float* d_logits = logits.data();
-  std::vector<float> d_final(rows * hidden);
+  std::vector<float> d_final(shard_rows * hidden);
   if (config.tied_embeddings) {
-    matmul(true, false, vocab, hidden, n, d_logits, final_out.data(), 1.0f, grads.output);
-    matmul(false, false, n, hidden, vocab, d_logits, weights.output, 0.0f, d_final.data());
+    matmul(true, false, vocab, hidden, ns, d_logits, final_out.data(), 1.0f, grads.output);
+    matmul(false, false, ns, hidden, vocab, d_logits, weights.output, 0.0f, d_final.data());
   } else {
-    matmul(true, false, hidden, vocab, n, final_out.data(), d_logits, 1.0f, grads.output);
-    matmul(false, true, n, hidden, vocab, d_logits, weights.output, 0.0f, d_final.data());
+    matmul(true, false, hidden, vocab, ns, final_out.data(), d_logits, 1.0f, grads.output);
+    matmul(false, true, ns, hidden, vocab, d_logits, weights.output, 0.0f, d_final.data());
   }
-  std::vector<float> d_x(rows * hidden, 0.0f);  // d(loss_sum)/d(residual stream)
-  rmsnorm_backward(x.data(), weights.final_norm, final_rms.data(), d_final.data(), n, hidden,
+  std::vector<float> d_x(shard_rows * hidden, 0.0f);  // d(loss_sum)/d(my residual stream)
+  rmsnorm_backward(x.data(), weights.final_norm, final_rms.data(), d_final.data(), ns, hidden,
                    d_x.data(), grads.final_norm);
+  std::vector<float> d_x_all;  // [n, hidden] the group's d_x (the all-gather's adjoint)
   std::vector<float> d_activated(rows * ffn), d_gate(rows * ffn), d_up(rows * ffn);
-  std::vector<float> d_norm(rows * hidden), d_attention(rows * q_width);
+  std::vector<float> d_norm(rows * hidden), d_norm_shard(shard_rows * hidden);
+  std::vector<float> d_attention(rows * q_width);
   std::vector<float> d_q(rows * q_width), d_k(rows * kv_width), d_v(rows * kv_width);
   for (int layer = config.layers - 1; layer >= 0; --layer) {
     const auto& w = weights.layers[layer];
     const auto& g = grads.layers[layer];
     const LayerActivations& a = saved[layer];
     // MLP: x_out = middle + (silu(gate) * up) * w_down.
-    matmul(true, false, ffn, hidden, n, a.activated.data(), d_x.data(), 1.0f, g.w_down);
-    matmul(false, true, n, ffn, hidden, d_x.data(), w.w_down, 0.0f, d_activated.data());
+    sp.gather(d_x, hidden, d_x_all);
+    float* g_down = g.w_down + static_cast<std::size_t>(f0) * hidden;
+    const float* w_down = w.w_down + static_cast<std::size_t>(f0) * hidden;
+    matmul(true, false, ffn, hidden, n, a.activated.data(), d_x_all.data(), 1.0f, g_down);
+    matmul(false, true, n, ffn, hidden, d_x_all.data(), w_down, 0.0f, d_activated.data());
     for (std::size_t i = 0; i < d_activated.size(); ++i) {
       const float s = sigmoid(a.gate[i]);
       d_up[i] = d_activated[i] * a.gate[i] * s;
       d_gate[i] = d_activated[i] * a.up[i] * s * (1.0f + a.gate[i] * (1.0f - s));
     }
-    matmul(true, false, hidden, ffn, n, a.mlp_in.data(), d_gate.data(), 1.0f, g.w_gate);
-    matmul(true, false, hidden, ffn, n, a.mlp_in.data(), d_up.data(), 1.0f, g.w_up);
-    matmul(false, true, n, hidden, ffn, d_gate.data(), w.w_gate, 0.0f, d_norm.data());
-    matmul(false, true, n, hidden, ffn, d_up.data(), w.w_up, 1.0f, d_norm.data());
-    rmsnorm_backward(a.middle.data(), w.mlp_norm, a.mlp_rms.data(), d_norm.data(), n, hidden,
-                     d_x.data(), g.mlp_norm);
+    matmul_ld(true, false, hidden, ffn, n, a.mlp_in.data(), hidden, d_gate.data(), ffn, 1.0f,
+              g.w_gate + f0, ffn_width);
+    matmul_ld(true, false, hidden, ffn, n, a.mlp_in.data(), hidden, d_up.data(), ffn, 1.0f,
+              g.w_up + f0, ffn_width);
+    matmul_ld(false, true, n, hidden, ffn, d_gate.data(), ffn, w.w_gate + f0, ffn_width, 0.0f,
+              d_norm.data(), hidden);
+    matmul_ld(false, true, n, hidden, ffn, d_up.data(), ffn, w.w_up + f0, ffn_width, 1.0f,
+              d_norm.data(), hidden);
+    std::fill(d_norm_shard.begin(), d_norm_shard.end(), 0.0f);
+    sp.scatter_add(d_norm, hidden, scratch, d_norm_shard);
+    rmsnorm_backward(a.middle.data(), w.mlp_norm, a.mlp_rms.data(), d_norm_shard.data(), ns,
+                     hidden, d_x.data(), g.mlp_norm);
     // Attention: middle = input + attention(rope(q), rope(k), v) * wo.
-    matmul(true, false, q_width, hidden, n, a.attention.data(), d_x.data(), 1.0f, g.wo);
-    matmul(false, true, n, q_width, hidden, d_x.data(), w.wo, 0.0f, d_attention.data());
+    sp.gather(d_x, hidden, d_x_all);
+    float* g_wo = g.wo + static_cast<std::size_t>(q0) * hidden;
+    const float* w_wo = w.wo + static_cast<std::size_t>(q0) * hidden;
+    matmul(true, false, q_width, hidden, n, a.attention.data(), d_x_all.data(), 1.0f, g_wo);
+    matmul(false, true, n, q_width, hidden, d_x_all.data(), w_wo, 0.0f, d_attention.data());
     attention.backward(layer, shape, batch, d_attention.data(), d_q.data(), d_k.data(),
                        d_v.data());
     rope_rotate(d_q.data(), n, shape.heads, shape.head_dim, cosines, sines, -1.0f);
     rope_rotate(d_k.data(), n, shape.kv_heads, shape.head_dim, cosines, sines, -1.0f);
-    matmul(true, false, hidden, q_width, n, a.attn_in.data(), d_q.data(), 1.0f, g.wq);
-    matmul(true, false, hidden, kv_width, n, a.attn_in.data(), d_k.data(), 1.0f, g.wk);
-    matmul(true, false, hidden, kv_width, n, a.attn_in.data(), d_v.data(), 1.0f, g.wv);
-    matmul(false, true, n, hidden, q_width, d_q.data(), w.wq, 0.0f, d_norm.data());
-    matmul(false, true, n, hidden, kv_width, d_k.data(), w.wk, 1.0f, d_norm.data());
-    matmul(false, true, n, hidden, kv_width, d_v.data(), w.wv, 1.0f, d_norm.data());
-    rmsnorm_backward(a.input.data(), w.attn_norm, a.attn_rms.data(), d_norm.data(), n, hidden,
-                     d_x.data(), g.attn_norm);
+    matmul_ld(true, false, hidden, q_width, n, a.attn_in.data(), hidden, d_q.data(), q_width,
+              1.0f, g.wq + q0, q_full);
+    matmul_ld(true, false, hidden, kv_width, n, a.attn_in.data(), hidden, d_k.data(), kv_width,
+              1.0f, g.wk + kv0, kv_full);
+    matmul_ld(true, false, hidden, kv_width, n, a.attn_in.data(), hidden, d_v.data(), kv_width,
+              1.0f, g.wv + kv0, kv_full);
+    matmul_ld(false, true, n, hidden, q_width, d_q.data(), q_width, w.wq + q0, q_full, 0.0f,
+              d_norm.data(), hidden);
+    matmul_ld(false, true, n, hidden, kv_width, d_k.data(), kv_width, w.wk + kv0, kv_full, 1.0f,
+              d_norm.data(), hidden);
+    matmul_ld(false, true, n, hidden, kv_width, d_v.data(), kv_width, w.wv + kv0, kv_full, 1.0f,
+              d_norm.data(), hidden);
+    std::fill(d_norm_shard.begin(), d_norm_shard.end(), 0.0f);
+    sp.scatter_add(d_norm, hidden, scratch, d_norm_shard);
+    rmsnorm_backward(a.input.data(), w.attn_norm, a.attn_rms.data(), d_norm_shard.data(), ns,
+                     hidden, d_x.data(), g.attn_norm);
   }
-  for (int t = 0; t < n; ++t) {
-    float* row = grads.embedding + static_cast<std::size_t>(batch.tokens[t]) * hidden;
+  for (int t = 0; t < ns; ++t) {
+    float* row = grads.embedding + static_cast<std::size_t>(batch.tokens[s0 + t]) * hidden;
     const float* d_row = d_x.data() + static_cast<std::size_t>(t) * hidden;
     for (int j = 0; j < hidden; ++j) row[j] += d_row[j];
   }

@@ -5,22 +5,26 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "ballast/error.hpp"
 #include "ballast/runtime/mpi.hpp"
 #include "ballast/runtime/plan_engine.hpp"
+#include "ballast/runtime/tensor_parallel.hpp"
 
 namespace ballast::runtime {
 
 namespace {
 
 /// The linear modules' intervals of a micro-batch on this rank: [start, end) minus the
-/// engine's attention calls (what forward_backward computes between them).
+/// engine's attention calls and the TP collectives (what forward_backward computes
+/// between them); `excluded` is sorted by start and its intervals do not overlap.
 void add_linear_events(int rank, int micro_batch, double start_s, double end_s,
-                       const std::vector<WallInterval>& attention_calls,
+                       const std::vector<WallInterval>& excluded,
                        double origin_s, std::vector<TraceEvent>& events) {
   double from = start_s;
   const auto add = [&](double to) {
@@ -29,11 +33,20 @@ void add_linear_events(int rank, int micro_batch, double start_s, double end_s,
                         trace_category::kLinear});
     }
   };
-  for (const auto& call : attention_calls) {
+  for (const auto& call : excluded) {
     add(call.start_s);
     from = call.start_s + call.duration_s;
   }
   add(end_s);
+}
+
+/// Two lists of intervals sorted by start, merged.
+std::vector<WallInterval> merged(const std::vector<WallInterval>& a, const std::vector<WallInterval>& b) {
+  std::vector<WallInterval> all;
+  all.reserve(a.size() + b.size());
+  std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(all),
+             [](const WallInterval& x, const WallInterval& y) { return x.start_s < y.start_s; });
+  return all;
 }
 
 }  // namespace
@@ -43,6 +56,9 @@ StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters
                     const StepOptions& options) {
   int rank = 0;
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  // Under N-way TP every member runs the plan's attention with its own heads over the
+  // ranks of its member index, and the linears with its TP group (tensor_parallel.hpp).
+  const TensorParallelComms comms(comm, plan.cluster.ranks(), plan.cluster.tensor_parallel.gpus);
   const FaultInjection* fault = options.fault;
   if (fault != nullptr && fault->phase == FaultInjection::Phase::step_start) {
     trigger_fault(*fault, "at the start of the step");
@@ -54,30 +70,48 @@ StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters
   result.gradients.assign(parameters.values.size(), 0.0f);
   RankMeasurement& mine = result.measurement;
   double wait_cpu_s = 0;
+  const auto add_stats = [&](const CommunicationStats& stats) {
+    mine.wait_s += stats.wait_s;
+    wait_cpu_s += stats.wait_cpu_s;
+    mine.intra_node_bytes += stats.intra_node_bytes_sent;
+    mine.inter_node_bytes += stats.inter_node_bytes_sent;
+  };
   for (std::size_t m = 0; m < plan.micro_batches.size(); ++m) {
     const int micro_batch = static_cast<int>(m);
-    PlanAttentionEngine engine(plan, micro_batch, comm);
+    PlanAttentionEngine engine(plan, micro_batch, comms.plan());
+    std::optional<MpiTensorParallelGroup> group;
+    if (comms.group() != MPI_COMM_NULL) group.emplace(comms.group());
     if (options.record_trace) engine.record_trace(wall_start);
     if (fault != nullptr && fault->phase == FaultInjection::Phase::attention && m == 0) {
       engine.set_fault_hook([fault](const char* where) { trigger_fault(*fault, where); });
     }
     const TokenBatch batch = engine.linear_batch(documents);
     const double start_s = MPI_Wtime();
-    const StepOutput out = forward_backward(model, parameters, batch, engine);
+    const StepOutput out =
+        forward_backward(model, parameters, batch, engine, group ? &*group : nullptr);
     const double end_s = MPI_Wtime();
     for (std::size_t x = 0; x < result.gradients.size(); ++x) result.gradients[x] += out.gradients[x];
     result.loss_sum += out.loss_sum;
     result.targets += out.target_count;
-    mine.tokens += batch.size();
-    const CommunicationStats& stats = engine.stats();
-    mine.wait_s += stats.wait_s;
-    wait_cpu_s += stats.wait_cpu_s;
-    mine.intra_node_bytes += stats.intra_node_bytes_sent;
-    mine.inter_node_bytes += stats.inter_node_bytes_sent;
+    // The per-token ops run on this member's shard (all of the batch without TP).
+    mine.tokens += tensor_parallel_shard(batch.size(), comms.tensor_parallel(),
+                                         rank % comms.tensor_parallel()).count;
+    add_stats(engine.stats());
+    if (group) add_stats(group->stats());
     if (options.record_trace) {
-      add_linear_events(rank, micro_batch, start_s, end_s, engine.attention_calls(), wall_start,
-                        result.events);
-      result.events.insert(result.events.end(), engine.events().begin(), engine.events().end());
+      const std::vector<WallInterval> no_calls;
+      add_linear_events(rank, micro_batch, start_s, end_s,
+                        merged(engine.attention_calls(), group ? group->calls() : no_calls),
+                        wall_start, result.events);
+      for (TraceEvent event : engine.events()) {
+        event.rank = rank;  // the engine's rank is the plan rank
+        result.events.push_back(std::move(event));
+      }
+      for (const WallInterval& call : group ? group->calls() : no_calls) {
+        result.events.push_back({rank, "collective", "wait tensor parallel", micro_batch,
+                                 call.start_s - wall_start, call.duration_s,
+                                 trace_category::kTensorParallel});
+      }
     }
   }
   // Gradient sync: the sum over ranks (the caller divides by the step's targets).

@@ -112,14 +112,30 @@ check "... and says what it needs" has "$work/err" "ballast calibrate --host"
 code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --cluster "$work/host2.json" --hidden 32 --heads 2 --kv-heads 1)
 check "run --cluster for another model exits 2" test "$code" = 2
 check "... and names the model" has "$work/err" "measured with the model 'hidden 64"
-# Tensor parallelism is planned and simulated, not executed yet: refused, not mis-run.
-code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --cluster "$work/host2.json" --tp 2)
-check "run --tp 2 exits 2" test "$code" = 2
-check "... and says TP is not executed yet" has "$work/err" "tensor parallelism 2 is not yet executed by ballast's runtime"
+# Tensor parallelism: a TP group of 2 ranks per plan rank, each running half the heads and
+# the FFN; exact against the single process, predicted per GPU; impossible splits refused.
+code=$(run "$work/tp.json" "$work/err" -np 4 "$ballast" run --tp 2 --strategy static-cp:degree=2 --check --format json)
+check "run --tp 2 exits 0" test "$code" = 0
+check "run --tp 2 matches the single process and predicts every GPU" /usr/bin/python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r['ranks'] == 4 and r['max_rel_error'] < 1e-5, r
+ranks = r['per_step'][0]['ranks']
+assert len(ranks) == 4 and all(x['busy_s'] > 0 and x['intra_node_bytes'] > 0 for x in ranks), ranks
+# The members of a TP group share the group's prediction.
+assert ranks[0]['predicted_busy_s'] == ranks[1]['predicted_busy_s'] > 0, ranks
+assert ranks[2]['predicted_busy_s'] == ranks[3]['predicted_busy_s'] > 0, ranks
+" "$work/tp.json"
+code=$(run "$work/out" "$work/err" -np 4 "$ballast" run --tp 4)
+check "run --tp 4 with 2 KV heads exits 2" test "$code" = 2
+check "... and names --kv-heads and --tp" has "$work/err" "tensor parallelism 4 splits the runtime model's --kv-heads 2 unevenly"
+code=$(run "$work/out" "$work/err" -np 4 "$ballast" run --tp 2 --ffn 171)
+check "run --tp 2 with an odd FFN exits 2" test "$code" = 2
+check "... and names --ffn" has "$work/err" "choose --ffn a multiple of 2"
 "$ballast" plan --strategy static-cp --nodes 1 --tp 2 --tokens-per-step 100000 --max-context 65536 -o "$work/tp-plan.json" 2>"$work/err"
 code=$(run "$work/out" "$work/err" -np 4 "$ballast" run --plan "$work/tp-plan.json")
-check "run --plan of TP groups exits 2" test "$code" = 2
-check "... and says TP is not executed yet" has "$work/err" "tp-plan.json: tensor parallelism 2 is not yet executed"
+check "run --plan of TP groups on too few ranks exits 2" test "$code" = 2
+check "... and says how many" has "$work/err" "tp-plan.json: the plan is for 8 GPUs (4 TP groups of 2) but the job has 4; run with mpirun -np 8"
 code=$(run "$work/out" "$work/err" -np 1 "$ballast" calibrate --host)
 check "calibrate --host on one rank exits 2" test "$code" = 2
 check "... and says why" has "$work/err" "this job has one rank"

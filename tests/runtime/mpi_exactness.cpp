@@ -4,7 +4,10 @@
 // tensor under 1e-5). Batches hold one-token documents, odd lengths (no padding to 2g) and
 // a document longer than one rank's memory budget. Run by ctest under mpirun with 2, 4 and
 // 8 ranks; exit 0 only when every spec matches on every rank's view and every registered
-// strategy was checked (one that can hold neither batch fails, it is not skipped).
+// strategy was checked (one that can hold neither batch fails, it is not skipped). Built a
+// second time with BALLAST_EXACTNESS_TP = 2 (mpi_exactness_tp2): the plans are for TP
+// groups of 2 ranks (tensor_parallel_units), each member running its half of the heads and
+// of the FFN, and the sequence-parallel collectives between them.
 #include <mpi.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include "ballast/runtime/step.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/tensor_parallel.hpp"
 #include "ballast/workload.hpp"
 
 using namespace ballast;
@@ -42,10 +46,21 @@ int main(int argc, char** argv) {
     config.kv_heads = 4;  // GQA: Ulysses groups of up to 4 split the KV heads
     config.ffn_hidden = 48;
     const Parameters parameters = init_parameters(config, 7);
-    // The cluster and model `ballast run` plans with, memory for ~160 tokens per rank.
+    // The cluster and model `ballast run` plans with, memory for ~160 tokens per rank;
+    // under TP, its ranks grouped in pairs (4 GPUs per node: nodes of 2 TP groups).
+#ifdef BALLAST_EXACTNESS_TP
+    constexpr int kTensorParallel = BALLAST_EXACTNESS_TP;
+    constexpr int kGpusPerNode = 4;
+#else
+    constexpr int kTensorParallel = 1;
+    constexpr int kGpusPerNode = 2;
+#endif
     const Model model = planning_model(config);
-    const auto cost = make_cost_model(load_cost_model_spec("analytical"),
-                                      emulated_cluster(model, ranks, 2, 160), model);
+    const auto cost = make_cost_model(
+        load_cost_model_spec("analytical"),
+        tensor_parallel_units(emulated_cluster(model, ranks, kGpusPerNode, 160), model, kTensorParallel),
+        model);
+    const int plan_ranks = cost->cluster().ranks();
     const Tokens capacity = cost->token_capacity_per_rank();
     // One-token documents, odd lengths, and (batch 0 only) a document longer than one
     // rank's memory budget: a strategy runs batch 0 when it can hold that document (see
@@ -76,7 +91,7 @@ int main(int argc, char** argv) {
     specs.push_back({"batch-adaptive", 1});
     specs.push_back({"zeppelin:remap=on:partition=even", 0});
     specs.push_back({"zeppelin:remap=on", 0});
-    if (ranks >= 4) specs.push_back({"zeppelin:partition=even:degree=4:routing=on", 0});
+    if (plan_ranks >= 4) specs.push_back({"zeppelin:partition=even:degree=4:routing=on", 0});
     std::set<std::string> checked;  // registered strategies that ran (and passed or failed)
     for (const auto& [text, which] : specs) {
       if (which < 0) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,39 @@ class LocalAttentionEngine final : public AttentionEngine {
   std::vector<Saved> saved_;  ///< per layer
 };
 
+/// The N ranks of one tensor-parallel group (Megatron-LM with sequence parallelism,
+/// Korthikanti et al. 2022; docs/runtime.md, "Tensor parallelism"). Every member holds the
+/// group's whole TokenBatch; member m owns the contiguous sequence shard of rows
+/// tensor_parallel_shard() for the per-token ops outside the linears (norms, residual
+/// stream, embedding, LM head), and the m-th 1/N of the heads and of the FFN columns.
+/// Collective over the group: every member calls each operation in the same order.
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  /// Every member's shard of `width`-float rows (row_counts[m] rows from member m) into
+  /// `all`, in member order.
+  virtual void all_gather(const float* mine, std::span<const int> row_counts, int width,
+                          float* all) = 0;
+  /// The sum over members of `all` (every member's rows, member order), this member's
+  /// rows of it into `mine`.
+  virtual void reduce_scatter(const float* all, std::span<const int> row_counts, int width,
+                              float* mine) = 0;
+};
+
+/// Member `member`'s rows [first, first + count) of `tokens` split over `members`: the
+/// first tokens % members members hold one row more.
+struct ShardRows {
+  int first = 0;
+  int count = 0;
+};
+ShardRows tensor_parallel_shard(int tokens, int members, int member);
+
+/// Throws InputError unless `members` divides the heads, the KV heads and the FFN width
+/// (column- and row-parallel linears split them evenly), naming the field and the fix.
+void check_tensor_parallel(const ModelConfig& config, int members);
+
 struct StepOutput {
   double loss_sum = 0;            ///< sum over this rank's targets of the cross-entropy (nats)
   std::int64_t target_count = 0;  ///< this rank's tokens with a target
@@ -102,9 +136,16 @@ struct StepOutput {
   std::vector<float> gradients;
 };
 
-/// Forward and backward over this rank's tokens.
+/// Forward and backward over this rank's tokens. With a tensor-parallel group (size N >
+/// 1), `batch` is the group's tokens (the same on every member); this member runs the
+/// per-token ops on its shard, its heads' attention through `attention` (shape with heads
+/// / N and KV heads / N), its columns / rows of every projection, and the group's
+/// all-gathers and reduce-scatters (2 + 2 per layer and pass). Its loss and targets are
+/// its shard's; its gradients hold its slices of the split weights and its shard's part
+/// of the others, so the sum over every member of every group is the full gradient.
 StepOutput forward_backward(const ModelConfig& config, const Parameters& parameters,
-                            const TokenBatch& batch, AttentionEngine& attention);
+                            const TokenBatch& batch, AttentionEngine& attention,
+                            TensorParallelGroup* tensor_parallel = nullptr);
 
 /// How far a step's loss sum and gradients are from a reference step: |loss - reference| /
 /// |reference| and, per parameter tensor, the norm-wise ||g - g_ref|| / ||g_ref|| (absolute

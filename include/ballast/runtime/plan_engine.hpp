@@ -5,8 +5,10 @@
 // each block's dK/dV partial follows one step behind it, overlapped with the next step's
 // compute, and the last step returns it to its owner), all_gather (KV of every member;
 // dK/dV reduced back to the owner) and ulysses (all-to-all from sequence to head sharding,
-// GQA-aware). Every rank of MPI_COMM_WORLD is plan rank = MPI rank; all ranks call
-// forward/backward for every layer of every micro-batch (the remap is collective).
+// GQA-aware). Every rank of the engine's communicator is plan rank = its rank there (the
+// job's ranks, or under tensor parallelism the ranks of one member index, tensor_parallel.hpp);
+// all ranks call forward/backward for every layer of every micro-batch (the remap is
+// collective).
 #pragma once
 
 #include <cstdint>

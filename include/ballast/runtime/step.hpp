@@ -46,7 +46,9 @@ struct StepResult {
   std::vector<TraceEvent> events;
 };
 
-/// Runs one step of `plan` on every rank of `comm` (collective; MPI rank = plan rank):
+/// Runs one step of `plan` on every rank of `comm` (collective; MPI rank = plan rank, or
+/// with a plan of TP groups of N, MPI rank r = member r % N of plan rank r / N, which
+/// needs plan.cluster.gpus() ranks: tensor_parallel.hpp; InputError otherwise):
 /// forward and backward of every micro-batch over `documents` (document i = sequence i),
 /// then the all-reduce of gradients, loss and target count. Does not update `parameters`.
 StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters& parameters,
