@@ -101,8 +101,8 @@ def family_of(name):
         return "zeppelin-scale"
     if name.startswith("zeppelin-") and name.endswith("-cp16"):
         return "zeppelin-cp16"  # the paper's TE CP set-up: rings of 16 GPUs
-    if name.startswith("zeppelin-") and name.endswith("-tp2"):
-        return "zeppelin-tp"  # the paper's 13B with tensor parallelism
+    if name.startswith("zeppelin-") and re.search(r"-tp[0-9]+$", name):
+        return "zeppelin-tp"  # the paper's 13B and 30B with tensor parallelism
     if name.startswith("zeppelin-"):
         return "zeppelin"
     return "other"

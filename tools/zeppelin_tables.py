@@ -7,6 +7,7 @@ Usage: /usr/bin/python3 tools/zeppelin_tables.py [PATH/TO/ballast] [--jobs N]
 scenario's baseline row (static-cp at the degree the scenario names).
 """
 import json
+import re
 import subprocess
 import sys
 import time
@@ -67,7 +68,7 @@ listing = subprocess.run([ballast, "list", "scenarios"], check=True, capture_out
 names = [line.split()[0] for line in listing.splitlines()
          if line.strip().startswith("zeppelin-")]
 main = [n for n in names if not n.startswith("zeppelin-scale-") and not n.endswith("-cp16")
-        and not n.endswith("-tp2")]  # tensor parallelism: docs/zeppelin.md's own TP table
+        and not re.search(r"-tp[0-9]+$", n)]  # tensor parallelism: docs/zeppelin.md's own TP tables
 scale = [n for n in names if n.startswith("zeppelin-scale-")]
 rings16 = [n for n in names if n.endswith("-cp16")]
 total = len(names) + 1  # and the ablation ladder
