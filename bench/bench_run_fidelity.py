@@ -26,6 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ["packed-dp", "static-cp", "static-ulysses", "hybrid-dp", "zeppelin", "flexsp-fast"]
 WORKLOADS = {"default": [], "long": ["--length-scale", "16", "--rank-tokens", "8192"]}
+# Tensor parallelism (--tp 2: each plan rank is 2 MPI ranks), on request (--workloads).
+WORKLOADS["default-tp2"] = WORKLOADS["default"] + ["--tp", "2"]
+WORKLOADS["long-tp2"] = WORKLOADS["long"] + ["--tp", "2"]
+DEFAULT_WORKLOADS = ["default", "long"]
 ORDER_MARGIN = 0.05  # measured times closer than this are a tie: either order agrees
 
 
@@ -94,7 +98,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                        help=f"comma-separated, of {', '.join(WORKLOADS)}")
     parser.add_argument("--json", help="also write every row to this file")
     parser.add_argument("--quick", action="store_true",
                         help="CI: 2 ranks, the default workload, packed-dp and zeppelin, 1 step; "
@@ -107,6 +112,9 @@ def main():
         args.ranks, args.workloads, args.strategies, args.steps = "2", "default", "packed-dp,zeppelin", 1
     if not Path(args.ballast).exists() and shutil.which(args.ballast) is None:
         sys.exit(f"{args.ballast}: no such program; build it first (scripts/build)")
+    unknown = [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if unknown:
+        sys.exit(f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     rows, problems = [], []
     print(f"{'workload':<8} {'np':>2} {'strategy':<15} {'busiest (s)':>11} {'predicted':>9} {'error':>7} "

@@ -24,7 +24,7 @@ struct RankMeasurement {
   double wall_s = 0;
   std::int64_t intra_node_bytes = 0;
   std::int64_t inter_node_bytes = 0;
-  std::int64_t tokens = 0;  ///< tokens this rank ran the per-token ops on (all micro-batches)
+  std::int64_t tokens = 0;  ///< tokens this rank ran the per-token ops on (all micro-batches; its sequence shard under TP)
 };
 
 struct StepOptions {
