@@ -60,7 +60,8 @@ __all__ = [
     "PlanningError", "RankGroup", "RankMicroBatch", "RankTimes", "RankView", "Report",
     "SequenceChunks", "TokenRange", "Transfer",
     "cluster_presets", "model_presets", "cost_models", "strategies", "strategy_info", "datasets",
-    "sample_batches", "plan", "simulate", "validate", "load_plans", "Lengths",
+    "sample_batches", "plan", "simulate", "validate", "load_plans", "tensor_parallel_units",
+    "tensor_parallel_degrees", "Lengths",
 ]
 
 #: Anything ``plan()`` takes as lengths: a sequence of ints, a 1-D integer numpy array or
@@ -170,10 +171,39 @@ def _model(model: ModelLike) -> Model:
     return Model.load(_os.fspath(model))
 
 
+def tensor_parallel_units(cluster: ClusterLike, model: ModelLike, tensor_parallel: int, *,
+                          nodes: Optional[int] = None) -> Cluster:
+    """The cluster ``plan(..., tensor_parallel=N)`` plans on: its ranks are TP groups of N
+    consecutive GPUs of a node (Megatron-LM with sequence parallelism), each with N GPUs'
+    compute, memory and NVLink bandwidth; ``cluster.tensor_parallel`` is N and
+    ``cluster.gpus`` the GPUs. A cluster that already is one of TP groups (``plan.cluster``)
+    is returned as it is for N = 1 or its own degree.
+
+    Raises ``ValueError`` naming the valid degrees when N does not divide the GPUs per
+    node, the heads and the KV heads (``tensor_parallel_degrees``).
+
+    >>> groups = ballast.tensor_parallel_units("h100", "llama-7b", 2, nodes=1)
+    >>> groups.ranks, groups.gpus, groups.tensor_parallel
+    (4, 8, 2)
+    """
+    return _ballast.tensor_parallel_units(_cluster(cluster, nodes), _model(model), int(tensor_parallel))
+
+
+def tensor_parallel_degrees(cluster: ClusterLike, model: ModelLike, *, nodes: Optional[int] = None) -> List[int]:
+    """The TP degrees a cluster of GPUs and a model allow, ascending (1 always): each
+    divides the GPUs per node, the heads and the KV heads, and a TP group spans whole NICs
+    or shares one.
+
+    >>> ballast.tensor_parallel_degrees("h100", "llama-7b")
+    [1, 2, 4, 8]
+    """
+    return list(_ballast.valid_tensor_parallel_degrees(_cluster(cluster, nodes), _model(model)))
+
+
 def plan(lengths: Lengths, cluster: ClusterLike = "h100", model: ModelLike = "llama-7b",
          strategy: str = "zeppelin", *, nodes: Optional[int] = None,
          cost_model: str = "analytical", step: int = 0,
-         max_context_tokens: Optional[int] = None) -> Plan:
+         max_context_tokens: Optional[int] = None, tensor_parallel: int = 1) -> Plan:
     """Plan one global batch: which rank holds which tokens, in which attention group.
 
     Args:
@@ -220,7 +250,8 @@ def plan(lengths: Lengths, cluster: ClusterLike = "h100", model: ModelLike = "ll
     array = _lengths_array(lengths)
     return _ballast.make_plan(array, _cluster(cluster, nodes), _model(model), str(cost_model),
                               str(strategy), int(step),
-                              None if max_context_tokens is None else int(max_context_tokens))
+                              None if max_context_tokens is None else int(max_context_tokens),
+                              int(tensor_parallel))
 
 
 def simulate(plan: Plan, *, trace: bool = False, grad_sync: str = "overlap") -> Report:
@@ -257,8 +288,9 @@ def _plan_eq(self: Plan, other: object) -> bool:
 
 
 def _plan_repr(self: Plan) -> str:
-    return (f"Plan(strategy='{self.strategy}', ranks={self.ranks}, sequences={len(self.lengths)}, "
-            f"micro_batches={self.num_micro_batches})")
+    tensor_parallel = f", tensor_parallel={self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+    return (f"Plan(strategy='{self.strategy}', ranks={self.ranks}{tensor_parallel}, "
+            f"sequences={len(self.lengths)}, micro_batches={self.num_micro_batches})")
 
 
 def _plan_save(self: Plan, path: Union[str, "_os.PathLike[str]"]) -> None:
@@ -309,7 +341,9 @@ def _report_to_dict(self: Report) -> Dict[str, Any]:
 
 
 Cluster.to_dict = _cluster_to_dict  # type: ignore[attr-defined]
-Cluster.__repr__ = lambda self: f"Cluster(name='{self.name}', nodes={self.nodes}, gpus_per_node={self.gpus_per_node})"  # type: ignore[assignment]
+Cluster.__repr__ = lambda self: (  # type: ignore[assignment]
+    f"Cluster(name='{self.name}', nodes={self.nodes}, gpus_per_node={self.gpus_per_node}"
+    + (f", tensor_parallel={self.tensor_parallel})" if self.tensor_parallel > 1 else ")"))
 Cluster.__eq__ = lambda self, other: isinstance(other, Cluster) and self.to_json() == other.to_json()  # type: ignore[assignment]
 Cluster.__hash__ = None  # type: ignore[assignment]
 Model.to_dict = _model_to_dict  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@
 #include "ballast/report.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/tensor_parallel.hpp"
 #include "ballast/version.hpp"
 #include "ballast/workload.hpp"
 
@@ -40,19 +41,21 @@ struct PyPlan {
   std::shared_ptr<const CostModel> cost;
 };
 
-/// The module plans and executes (ballast.torch) one rank per device: a cluster of
-/// tensor-parallel groups (a plan made with the CLI's --tp) is refused, not mis-executed.
-void reject_tensor_parallel(const Cluster& cluster, const std::string& source) {
-  if (cluster.tensor_parallel.gpus <= 1) return;
+/// The cluster a plan runs on: `cluster` grouped into TP groups of `tensor_parallel` GPUs
+/// (tensor_parallel_units()), or `cluster` itself when it already is a cluster of TP groups
+/// (a plan's cluster) and `tensor_parallel` is 1 or its own degree.
+Cluster planning_cluster(const Cluster& cluster, const Model& model, int tensor_parallel) {
+  const int existing = cluster.tensor_parallel.gpus;
+  if (existing <= 1) return tensor_parallel_units(cluster, model, tensor_parallel);
+  if (tensor_parallel == 1 || tensor_parallel == existing) return cluster;
   throw InputError(fmt::format(
-      "{}: tensor parallelism {} is not yet executed by ballast's runtime or this module "
-      "(the CLI's ballast plan, simulate and compare price it); use a plan made without "
-      "tensor parallelism",
-      source, cluster.tensor_parallel.gpus));
+      "cluster '{}' already is a cluster of TP groups of {} GPUs (a plan's cluster); pass "
+      "tensor_parallel=1 or {} to plan on it as it is, or give the cluster of GPUs "
+      "(ballast.Cluster.load) with tensor_parallel={}",
+      cluster.name, existing, existing, tensor_parallel));
 }
 
 std::shared_ptr<const CostModel> cost_of(const Plan& plan) {
-  reject_tensor_parallel(plan.cluster, "plan");
   return make_cost_model(plan.cost_model, plan.cluster, plan.model);
 }
 
@@ -160,14 +163,14 @@ py::array_t<std::int64_t> to_array(const std::vector<Tokens>& values) {
 }
 
 PyPlan make_plan(const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>& lengths,
-                 const Cluster& cluster, const Model& model, const std::string& cost_model,
+                 const Cluster& gpus, const Model& model, const std::string& cost_model,
                  const std::string& strategy, std::int64_t step,
-                 std::optional<Tokens> max_context_tokens) {
+                 std::optional<Tokens> max_context_tokens, int tensor_parallel) {
   std::vector<Tokens> values = lengths_from(lengths);
   py::gil_scoped_release release;  // planning is pure C++: data-loader threads keep running
-  validate_cluster(cluster, "cluster " + cluster.name);
-  reject_tensor_parallel(cluster, "cluster " + cluster.name);
+  validate_cluster(gpus, "cluster " + gpus.name);
   validate_model(model, "model " + model.name);
+  const Cluster cluster = planning_cluster(gpus, model, tensor_parallel);
   const nlohmann::json spec = load_cost_model_spec(cost_model);
   std::shared_ptr<const CostModel> cost = make_cost_model(spec, cluster, model);
   if (max_context_tokens && *max_context_tokens < 1) {
@@ -279,7 +282,7 @@ PYBIND11_MODULE(_ballast, m) {
       py::arg("dataset"), py::arg("tokens_per_step"), py::arg("batch_size"), py::arg("steps"),
       py::arg("seed"), py::arg("max_context_tokens"), py::arg("order"), py::arg("over_context"));
 
-  py::class_<Cluster>(m, "Cluster", "A homogeneous GPU cluster (docs/cost-model.md). Cluster.load(preset_or_file, nodes=None); fields are settable; ranks = nodes * gpus_per_node, numbered node-major.")
+  py::class_<Cluster>(m, "Cluster", "A homogeneous GPU cluster (docs/cost-model.md). Cluster.load(preset_or_file, nodes=None); fields are settable; ranks = nodes * gpus_per_node, numbered node-major; on a cluster of TP groups (tensor_parallel N > 1, a plan's cluster) a rank is a TP group of N GPUs and gpus_per_node counts TP groups.")
       .def(py::init<>())
       .def_static("load", &load_cluster, py::arg("preset_or_file"), py::arg("nodes") = std::nullopt)
       .def_static("emulated",
@@ -297,6 +300,10 @@ PYBIND11_MODULE(_ballast, m) {
       .def("to_json", [](const Cluster& c) { return dump(to_json(c)); })
       .def("validate", [](const Cluster& c) { validate_cluster(c, "cluster " + c.name); })
       .def_property_readonly("ranks", &Cluster::ranks)
+      .def_property_readonly("gpus", &Cluster::gpus, "GPUs of the cluster: ranks x tensor_parallel.")
+      .def_property_readonly("tensor_parallel", [](const Cluster& c) { return c.tensor_parallel.gpus; },
+                             "GPUs per rank: the TP degree of a cluster of TP groups (ballast.plan's "
+                             "tensor_parallel), 1 on a cluster of GPUs.")
       .def_readwrite("name", &Cluster::name)
       .def_readwrite("gpu_name", &Cluster::gpu_name)
       .def_readwrite("nodes", &Cluster::nodes)
@@ -461,6 +468,8 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("strategy", [](const PyPlan& p) { return p.plan.strategy; })
       .def_property_readonly("step", [](const PyPlan& p) { return p.plan.step; })
       .def_property_readonly("ranks", [](const PyPlan& p) { return p.plan.cluster.ranks(); })
+      .def_property_readonly("gpus", [](const PyPlan& p) { return p.plan.cluster.gpus(); })
+      .def_property_readonly("tensor_parallel", [](const PyPlan& p) { return p.plan.cluster.tensor_parallel.gpus; })
       .def_property_readonly("cluster", [](const PyPlan& p) { return p.plan.cluster; })
       .def_property_readonly("model", [](const PyPlan& p) { return p.plan.model; })
       .def_property_readonly("cost_model", [](const PyPlan& p) { return dump(p.plan.cost_model); })
@@ -469,7 +478,14 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("num_micro_batches", [](const PyPlan& p) { return p.plan.micro_batches.size(); });
 
   m.def("make_plan", &make_plan, py::arg("lengths"), py::arg("cluster"), py::arg("model"),
-        py::arg("cost_model"), py::arg("strategy"), py::arg("step"), py::arg("max_context_tokens"));
+        py::arg("cost_model"), py::arg("strategy"), py::arg("step"), py::arg("max_context_tokens"),
+        py::arg("tensor_parallel"));
+  m.def("tensor_parallel_units", &planning_cluster, py::arg("cluster"), py::arg("model"),
+        py::arg("tensor_parallel"),
+        "The cluster whose ranks are TP groups of tensor_parallel consecutive GPUs of a node "
+        "(docs/python.md, \"Tensor parallelism\"); a cluster of TP groups of that degree as it is.");
+  m.def("valid_tensor_parallel_degrees", &valid_tensor_parallel_degrees, py::arg("cluster"), py::arg("model"),
+        "TP degrees the cluster of GPUs and the model allow (ascending; 1 always).");
 
   py::class_<LowerBound>(m, "LowerBound", "A bound no plan beats (docs/simulator.md): time_s and its terms.")
       .def_readonly("time_s", &LowerBound::time_s)

@@ -16,8 +16,9 @@ namespace {
 std::atomic<Frontend> current_frontend_value{Frontend::cli};
 
 /// Each CLI flag a library message names, and what sets it from Python: the keyword
-/// argument of ballast.sample_batches / plan / Cluster.load / Cluster.emulated, or the
-/// strategy spec's parameter ("static-cp:degree=4") where Python has no keyword.
+/// argument of ballast.sample_batches / plan / tensor_parallel_units / Cluster.load /
+/// Cluster.emulated, or the strategy spec's parameter ("static-cp:degree=4") where Python
+/// has no keyword.
 constexpr std::array<std::pair<std::string_view, std::string_view>, 12> kPythonSettingNames{{
     {"--max-context", "max_context_tokens"},
     {"--tokens-per-step", "tokens_per_step"},
@@ -30,8 +31,7 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 12> kPythonS
     {"--degree", "strategy parameter degree"},
     {"--grad-sync", "grad_sync"},
     {"--recompute", "Model.recompute"},
-    // Python plans without tensor parallelism (the CLI's flag has no keyword here).
-    {"--tp", "tensor parallelism (not available from Python)"},
+    {"--tp", "tensor_parallel"},
 }};
 
 }  // namespace

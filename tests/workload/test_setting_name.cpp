@@ -49,6 +49,7 @@ TEST(SettingName, ThePythonKeywordInPython) {
   EXPECT_EQ(setting_name("--sampling"), "order");
   EXPECT_EQ(setting_name("--nodes"), "nodes");
   EXPECT_EQ(setting_name("--degree"), "strategy parameter degree");
+  EXPECT_EQ(setting_name("--tp"), "tensor_parallel");
   EXPECT_EQ(zero_context_message(), "max_context_tokens must be positive, got 0");
 }
 
