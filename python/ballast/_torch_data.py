@@ -35,6 +35,8 @@ class StepInfo:
             the denominator of the mean loss.
         step: the global batch's position in the sampler's iteration (0, 1, ...).
         num_micro_batches: the plan's micro-batch count (every rank yields this many items).
+        tensor_parallel: the plan's TP degree N (``plan.tensor_parallel``): N processes per
+            plan rank (docs/python.md, "Tensor parallelism"); 1 without TP.
 
     Pickling sends the plan as its JSON (``Plan.to_json``), so a StepInfo crosses to
     DataLoader worker processes and back.
@@ -46,6 +48,7 @@ class StepInfo:
         self.global_targets = int(global_targets)
         self.step = int(step)
         self.num_micro_batches = int(plan.num_micro_batches)
+        self.tensor_parallel = int(plan.tensor_parallel)
         self._cache: Dict[Any, Any] = {}
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -138,6 +141,8 @@ class MicroBatchHeader:
 
     It lets ``collate`` build a micro-batch in which this rank holds no token (the ranks
     must stay in step for the collectives), and passes through ``PieceDataset`` unchanged.
+    ``rank`` and ``world_size`` are the torch process's (under tensor parallelism N
+    processes share a plan rank: ``rank // N``).
     """
 
     step_info: StepInfo = dataclasses.field(repr=False)
@@ -175,8 +180,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
     Args:
         lengths: token count of every dataset item (a sequence, numpy array or tensor).
         batches: an iterable of global batches, each a list of dataset indices.
-        rank: this process's rank (``torch.distributed.get_rank()``).
-        world_size: the number of ranks; must equal the cluster's ranks.
+        rank: this process's rank (``torch.distributed.get_rank()``); under tensor
+            parallelism it loads the tokens of plan rank ``rank // tensor_parallel``.
+        world_size: the number of processes; must equal the cluster's GPUs (its ranks x
+            ``tensor_parallel``).
         cluster: a preset name, JSON path, ``ballast.Cluster`` or dict (as ``ballast.plan``).
         model: a preset name, JSON path, ``ballast.Model`` or dict.
         strategy: a strategy spec, e.g. ``"zeppelin"``, ``"packed-dp"``, ``"flexsp-fast"``.
@@ -185,9 +192,13 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         max_context_tokens: the run's context length, from which the static strategies
             fix their degree for every batch (``ballast.plan``); default: the longest
             item of ``lengths``.
+        tensor_parallel: GPUs (processes) per TP group, N: the plans' ranks are TP groups
+            of N consecutive processes, and the N members of a group load the same tokens
+            (``ballast.plan``'s ``tensor_parallel``; docs/python.md, "Tensor parallelism").
+            A cluster that already is one of TP groups (``plan.cluster``) keeps its own.
 
     Raises:
-        ValueError: the cluster's rank count is not ``world_size``, ``rank`` is out of range,
+        ValueError: the cluster's GPU count is not ``world_size``, ``rank`` is out of range,
             an index is out of range, a length is not positive, or the strategy is unknown;
             ``ballast.PlanningError`` (a ValueError) when a batch cannot be planned.
     """
@@ -195,7 +206,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
     def __init__(self, lengths: ballast.Lengths, batches: Iterable[Sequence[int]], *, rank: int,
                  world_size: int, cluster: Any, model: Any = "llama-7b", strategy: str = "zeppelin",
                  nodes: Optional[int] = None, cost_model: str = "analytical",
-                 max_context_tokens: Optional[int] = None) -> None:
+                 max_context_tokens: Optional[int] = None, tensor_parallel: int = 1) -> None:
         super().__init__(None)
         self.lengths = ballast._lengths_array(lengths)
         if self.lengths.size and int(self.lengths.min()) < 1:
@@ -206,22 +217,29 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         self.world_size = int(world_size)
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size} ranks (0..{int(world_size) - 1})")
-        self.cluster = _resolve_cluster(cluster, nodes)
         self.model = _resolve_model(model)
+        # The cluster of TP groups every batch plans on (the cluster itself without TP).
+        self.cluster = ballast.tensor_parallel_units(_resolve_cluster(cluster, nodes), self.model,
+                                                     int(tensor_parallel))
+        self.tensor_parallel = int(self.cluster.tensor_parallel)
+        self.plan_rank = self.rank // self.tensor_parallel
         self.strategy = str(strategy)
         self.cost_model = str(cost_model)
         # The run's context: every batch of the run plans with the same static degree.
         longest = int(self.lengths.max()) if self.lengths.size else 1
         self.max_context_tokens = longest if max_context_tokens is None else int(max_context_tokens)
         _ballast.check_strategy(self.strategy)
-        ranks = self.cluster.ranks
-        if ranks != self.world_size:
+        gpus = self.cluster.gpus
+        if gpus != self.world_size:
+            per_node = self.cluster.gpus_per_node * self.tensor_parallel
+            tensor_parallel = (f" in {self.cluster.ranks} TP groups of {self.tensor_parallel}"
+                               if self.tensor_parallel > 1 else "")
             raise ValueError(
-                f"the cluster '{self.cluster.name}' has {ranks} ranks ({self.cluster.nodes} nodes x "
-                f"{self.cluster.gpus_per_node} GPUs) but world_size is {self.world_size}: plan for the job "
+                f"the cluster '{self.cluster.name}' has {gpus} GPUs ({self.cluster.nodes} nodes x "
+                f"{per_node} GPUs{tensor_parallel}) but world_size is {self.world_size}: plan for the job "
                 f"you run, e.g. cluster=ballast.Cluster.load('{self.cluster.name}', nodes=N) with "
                 f"N x gpus_per_node == {self.world_size} (set cluster.gpus_per_node and nics_per_node "
-                f"for a partial node), or launch {ranks} processes")
+                f"for a partial node), or launch {gpus} processes (one per GPU)")
         self._last: Optional[StepInfo] = None
         self._plans: Dict[Tuple[int, ...], ballast.Plan] = {}
 
@@ -252,7 +270,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         plan = self._plans.get(key)
         if plan is None:
             try:
-                plan = ballast.plan(lengths, self.cluster, self.model, self.strategy,
+                plan = ballast.plan(lengths, self.cluster, self.model, self.strategy,  # TP as is
                                     cost_model=self.cost_model, step=step,
                                     max_context_tokens=self.max_context_tokens)
             except ballast.PlanningError as error:
@@ -264,8 +282,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         return info
 
     def items(self, info: StepInfo) -> Iterator[MicroBatchItems]:
-        """This rank's items of one planned global batch, one per micro-batch."""
-        view = info.rank_view(self.rank)
+        """This rank's items of one planned global batch, one per micro-batch (those of its
+        plan rank: every member of a TP group gets the same pieces)."""
+        view = info.rank_view(self.plan_rank)
         for m, micro in enumerate(view.micro_batches):
             item: MicroBatchItems = [MicroBatchHeader(info, m, self.rank, self.world_size)]
             for r in micro.linear:
@@ -346,15 +365,20 @@ class PackedBatch:
             (FlashAttention varlen style).
         max_seqlen: the longest piece.
         loss_weight: float32[T], ``loss_scale / global_targets`` on tokens with a label and 0
-            elsewhere: summing ``(per_token_loss * loss_weight).sum()`` over every rank and
-            micro-batch gives the mean loss of the global batch (the unbalanced one). Sum the
-            gradients over ranks (``all_reduce_gradients``); DistributedDataParallel averages
-            them instead, so with DDP pass ``loss_scale=world_size`` to ``collate``.
+            elsewhere: summing ``(per_token_loss * loss_weight).sum()`` over every plan rank
+            and micro-batch gives the mean loss of the global batch (the unbalanced one). Sum
+            the gradients over plan ranks (``all_reduce_gradients``); DistributedDataParallel
+            averages them instead, so with DDP pass ``loss_scale`` = its world size to
+            ``collate``. Under tensor parallelism every member of a TP group computes the
+            same loss with these weights: count it once per TP group and sum gradients over
+            the data-parallel group only (docs/python.md, "Tensor parallelism").
         sequence_ids: LongTensor[pieces], each piece's sequence id in the global batch.
         pieces: the pieces, in packing order.
         step_info: the global batch's ``StepInfo``.
         micro_batch: the micro-batch index in the plan.
-        rank, world_size: whose batch this is.
+        rank, world_size: whose batch this is: the torch process's rank and world size.
+            Under tensor parallelism (N = ``tensor_parallel`` > 1) it holds the tokens of
+            plan rank ``plan_rank = rank // N``, as TP member ``rank % N``.
     """
 
     input_ids: torch.Tensor
@@ -386,9 +410,24 @@ class PackedBatch:
         return self.step_info.global_targets
 
     @property
+    def tensor_parallel(self) -> int:
+        """N, the processes per plan rank (the plan's TP degree; 1 without TP)."""
+        return self.step_info.tensor_parallel
+
+    @property
+    def plan_rank(self) -> int:
+        """The plan rank whose tokens this process holds: ``rank // tensor_parallel``."""
+        return self.rank // self.step_info.tensor_parallel
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's index in its TP group: ``rank % tensor_parallel`` (0 without TP)."""
+        return self.rank % self.step_info.tensor_parallel
+
+    @property
     def view(self) -> ballast.RankMicroBatch:
-        """This rank's view of the micro-batch: ``linear``, ``attention``, ``groups``, ``sends``..."""
-        return self.step_info.micro_batch_view(self.micro_batch, self.rank)
+        """The plan rank's view of the micro-batch: ``linear``, ``attention``, ``groups``, ``sends``..."""
+        return self.step_info.micro_batch_view(self.micro_batch, self.plan_rank)
 
     @property
     def remapped(self) -> bool:
@@ -403,7 +442,7 @@ class PackedBatch:
     @property
     def attention_tokens(self) -> int:
         """This rank's tokens in the attention layout (rows of ``attention``'s q, k, v)."""
-        return sum(e - b for _, b, e, _ in self.step_info._attention_layout(self.micro_batch, self.rank))
+        return sum(e - b for _, b, e, _ in self.step_info._attention_layout(self.micro_batch, self.plan_rank))
 
     def to(self, device: Union[str, torch.device], non_blocking: bool = False) -> "PackedBatch":
         """A copy with the tensors on ``device`` (``cu_seqlens`` too, as FlashAttention wants)."""

@@ -20,15 +20,36 @@ from ballast._torch_data import PackedBatch, StepInfo
 # --------------------------------------------------------------------------------------
 
 
+def _process_ranks(plan_ranks: Iterable[int], tensor_parallel: int, tensor_parallel_rank: int) -> Tuple[int, ...]:
+    """The torch ranks that run plan ranks ``plan_ranks`` as TP member ``tensor_parallel_rank``
+    (TP groups are consecutive processes: plan rank g is processes g*N .. g*N+N-1)."""
+    return tuple(int(r) * tensor_parallel + tensor_parallel_rank for r in plan_ranks)
+
+
+def _tensor_parallel_of(source: Union[int, ballast.Plan, StepInfo, PackedBatch]) -> int:
+    if isinstance(source, (ballast.Plan, StepInfo, PackedBatch)):
+        return int(source.tensor_parallel)
+    if isinstance(source, bool) or not isinstance(source, int) or source < 1:
+        raise ValueError(f"tensor_parallel must be a positive int (the TP degree) or a Plan, StepInfo or "
+                         f"PackedBatch; got {source!r}")
+    return source
+
+
 class ProcessGroups:
     """The ``torch.distributed`` process groups of a plan's multi-rank attention groups, cached.
 
     ``new_group`` is collective over the whole world: every rank must call ``ensure`` with
     the same plans in the same order (every rank plans the same batches, so this holds when
     each rank calls it once per global batch, or lets ``attention`` call it). Groups are
-    keyed by their sorted rank tuple and kept across plans (every group made is kept):
-    strategies whose groups are aligned power-of-two blocks of ranks (static CP, Ulysses,
-    flexsp, hybrid-dp) use fewer than world_size distinct groups in all.
+    keyed by their sorted tuple of torch ranks and kept across plans (every group made is
+    kept): strategies whose groups are aligned power-of-two blocks of ranks (static CP,
+    Ulysses, flexsp, hybrid-dp) use fewer than world_size distinct groups in all.
+
+    Under tensor parallelism (a plan with ``tensor_parallel`` N > 1; docs/python.md) an
+    attention group of plan ranks G runs as N process groups, one per TP index t, of the
+    torch ranks ``g * N + t`` for g in G: ``ensure`` makes all N. ``tensor_parallel_group``
+    and ``data_parallel_group`` give the groups a Megatron-style model and the gradient
+    sum need.
 
     Args:
         backend: the backend of new groups (default: the world's).
@@ -41,26 +62,65 @@ class ProcessGroups:
     def ensure(self, plan: Union[ballast.Plan, StepInfo]) -> None:
         """Create (collectively, in sorted order) the groups of ``plan`` not created yet."""
         info = plan if isinstance(plan, StepInfo) else StepInfo(plan, [], 0, 0)
-        missing = [ranks for ranks in info.group_rank_sets() if ranks not in self._groups]
+        tensor_parallel = info.tensor_parallel
+        wanted = [_process_ranks(ranks, tensor_parallel, t)
+                  for ranks in info.group_rank_sets() for t in range(tensor_parallel)]
+        missing = [ranks for ranks in wanted if ranks not in self._groups]
         if not missing:
             return
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(f"the plan has attention groups over several ranks {missing}: call "
                                "torch.distributed.init_process_group first")
-        if dist.get_world_size() != info.plan.ranks:
-            raise ValueError(f"the plan is for {info.plan.ranks} ranks but the process group has "
-                             f"{dist.get_world_size()}")
+        _check_world(info.plan)
         for ranks in missing:
             self._groups[ranks] = dist.new_group(list(ranks), backend=self.backend)
 
+    def _ensure_partition(self, blocks: List[Tuple[int, ...]]) -> Any:
+        """Create (collectively, in order) the groups of ``blocks`` not created yet; return the
+        one holding this process."""
+        for ranks in blocks:
+            if ranks not in self._groups:
+                self._groups[ranks] = dist.new_group(list(ranks), backend=self.backend)
+        me = dist.get_rank()
+        return next(self._groups[ranks] for ranks in blocks if me in ranks)
+
+    def tensor_parallel_group(self, tensor_parallel: Union[int, ballast.Plan, StepInfo, PackedBatch]) -> Any:
+        """This process's TP group: the N consecutive ranks ``g * N .. g * N + N - 1`` that
+        run plan rank g = rank // N (for a Megatron-style model's all-gather / reduce-scatter
+        / all-reduce over its TP group). Collective the first time: every rank calls it with
+        the same N (an int, or a Plan, StepInfo or PackedBatch whose ``tensor_parallel`` it
+        reads); it makes every TP group of the world."""
+        n = _tensor_parallel_of(tensor_parallel)
+        world = _world_size_for(n)
+        return self._ensure_partition([tuple(range(g * n, g * n + n)) for g in range(world // n)])
+
+    def data_parallel_group(self, tensor_parallel: Union[int, ballast.Plan, StepInfo, PackedBatch]) -> Any:
+        """The group over which gradients are summed under tensor parallelism: the ranks
+        with this process's TP index t = rank % N, one per plan rank (``g * N + t``). None
+        (the default group, the whole world) for N = 1, which ``all_reduce_gradients`` and
+        ``torch.distributed`` collectives take as the world. Collective the first time, as
+        ``tensor_parallel_group``."""
+        n = _tensor_parallel_of(tensor_parallel)
+        world = _world_size_for(n)
+        if n == 1:
+            return None
+        return self._ensure_partition([tuple(range(t, world, n)) for t in range(n)])
+
     def get(self, ranks: Sequence[int]) -> Any:
-        """The process group of these ranks (any order); ``ensure`` must have created it."""
+        """The process group of these torch ranks (any order); ``ensure`` must have created it.
+        Under tensor parallelism the torch ranks of plan ranks G for TP index t are
+        ``g * N + t`` (``plan_group``)."""
         key = tuple(sorted(int(r) for r in ranks))
         try:
             return self._groups[key]
         except KeyError:
             raise KeyError(f"no process group for ranks {list(key)}: call groups.ensure(plan) on every rank "
                            "before using the plan") from None
+
+    def plan_group(self, plan_ranks: Sequence[int], batch: PackedBatch) -> Any:
+        """The process group that runs plan ranks ``plan_ranks`` for ``batch``'s TP index:
+        torch ranks ``g * N + batch.tensor_parallel_rank`` (``get`` of those)."""
+        return self.get(_process_ranks(plan_ranks, batch.tensor_parallel, batch.tensor_parallel_rank))
 
     def __contains__(self, ranks: Sequence[int]) -> bool:
         return tuple(sorted(int(r) for r in ranks)) in self._groups
@@ -70,6 +130,26 @@ class ProcessGroups:
 
     def __repr__(self) -> str:
         return f"ProcessGroups({sorted(self._groups)})"
+
+
+def _world_size_for(tensor_parallel: int) -> int:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("tensor-parallel process groups: call torch.distributed.init_process_group first")
+    world = dist.get_world_size()
+    if world % tensor_parallel:
+        raise ValueError(f"tensor_parallel {tensor_parallel} does not divide the world of {world} processes: "
+                         "launch N processes per plan rank (plan.gpus in all)")
+    return world
+
+
+def _check_world(plan: ballast.Plan) -> None:
+    """The world must have plan.gpus processes: one per GPU, N = plan.tensor_parallel per plan rank."""
+    world = dist.get_world_size()
+    if world != plan.gpus:
+        tensor_parallel = (f" ({plan.ranks} plan ranks x tensor_parallel {plan.tensor_parallel})"
+                           if plan.tensor_parallel > 1 else "")
+        raise ValueError(f"the plan is for {plan.gpus} processes{tensor_parallel} but the process group has "
+                         f"{world}: launch {plan.gpus} processes, or plan for the {world} you run")
 
 
 # --------------------------------------------------------------------------------------
@@ -128,7 +208,8 @@ class _GroupWork:
     """One attention group of this rank, in the order every member agrees on (group index)."""
 
     index: int
-    ranks: Tuple[int, ...]           # sorted: the process group's rank order
+    ranks: Tuple[int, ...]           # sorted plan ranks: the process group's rank order
+    process_ranks: Tuple[int, ...]   # the torch ranks that run them at my TP index
     member: int                      # my position in ranks
     rows: Tuple[int, int]            # my rows [begin, end) in my attention layout
     member_rows: List[int]           # each member's row count in this group
@@ -155,8 +236,10 @@ def _group_rows(layout: List[Tuple[int, int, int, int]], group: int, rank: int) 
     return (max(first, 0), max(last, 0), ranges)
 
 
-def _attention_schedule(info: StepInfo, micro_batch: int, rank: int, device: torch.device) -> List[_GroupWork]:
-    """Rank's groups in index order, their gather indices on ``device`` (the data's)."""
+def _attention_schedule(info: StepInfo, micro_batch: int, rank: int, tensor_parallel_rank: int,
+                        device: torch.device) -> List[_GroupWork]:
+    """Plan rank's groups in index order, their gather indices on ``device`` (the data's),
+    with the torch ranks of TP index ``tensor_parallel_rank``."""
     def make() -> List[_GroupWork]:
         lengths = info.plan.lengths
         works = []
@@ -183,10 +266,12 @@ def _attention_schedule(info: StepInfo, micro_batch: int, rank: int, device: tor
                     raise RuntimeError(f"internal error (please report): sequence {s} not covered by group {index}")
                 sequences[s] = (len(full), torch.as_tensor(full, dtype=torch.long, device=device))
             first, last, mine = _group_rows(info._attention_layout(micro_batch, rank), index, rank)
-            works.append(_GroupWork(index, ranks, ranks.index(rank), (first, last), member_rows, sequences, mine))
+            process_ranks = _process_ranks(ranks, info.tensor_parallel, tensor_parallel_rank)
+            works.append(_GroupWork(index, ranks, process_ranks, ranks.index(rank), (first, last), member_rows,
+                                    sequences, mine))
         return works
 
-    return info._cached(("attention_schedule", micro_batch, rank, str(device)), make)
+    return info._cached(("attention_schedule", micro_batch, rank, tensor_parallel_rank, str(device)), make)
 
 
 def _group_outputs(q: torch.Tensor, gathered: List[torch.Tensor], works: List[_GroupWork], head_dim: int,
@@ -217,7 +302,7 @@ def _gather(kv: torch.Tensor, works: List[_GroupWork], groups: Optional[ProcessG
         padded = kv.new_zeros((max_rows,) + tuple(kv.shape[1:]))
         padded[:mine.shape[0]] = mine
         parts = [torch.empty_like(padded) for _ in work.ranks]
-        dist.all_gather(parts, padded, group=groups.get(work.ranks))  # type: ignore[union-attr]
+        dist.all_gather(parts, padded, group=groups.get(work.process_ranks))  # type: ignore[union-attr]
         gathered.append(torch.stack(parts))
     return gathered
 
@@ -260,7 +345,7 @@ class _PlannedAttention(torch.autograd.Function):
         for work, leaf, grad in zip(ctx.works, kv_leaves, grads[1:]):
             grad = torch.zeros_like(leaf) if grad is None else grad.contiguous()
             if len(work.ranks) > 1:
-                dist.all_reduce(grad, group=ctx.groups.get(work.ranks))
+                dist.all_reduce(grad, group=ctx.groups.get(work.process_ranks))
             first, last = work.rows
             grad_kv[first:last] = grad[work.member, :last - first]
         return grad_q, grad_kv[..., :head_dim], grad_kv[..., head_dim:], None, None, None
@@ -279,9 +364,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBa
     a production run replaces this with ring / Ulysses kernels following the same plan.
     Every rank must call it for every micro-batch (also with 0 tokens).
 
+    Under tensor parallelism (``batch.tensor_parallel`` N > 1) each process passes the
+    heads of its TP index (heads / N query heads, kv_heads / N KV heads, as a
+    column-parallel QKV projection makes them) and a group's communication runs among the
+    processes of the same TP index (``ProcessGroups``).
+
     Args:
         q: (T_attention, heads, head_dim), rows in this rank's attention layout
-            (``remap(x, batch, groups)`` of the linear-layout rows).
+            (``remap(x, batch, groups)`` of the linear-layout rows); under TP this
+            process's heads.
         k, v: (T_attention, kv_heads, head_dim); heads a multiple of kv_heads (GQA).
         batch: the rank's ``PackedBatch``.
         groups: the cached process groups (created here on first use, collectively); may be
@@ -294,8 +385,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBa
     _check_qkv(q, k, v)
     expected = batch.attention_tokens
     if q.shape[0] != expected:
-        raise ValueError(f"attention: q has {q.shape[0]} rows but rank {batch.rank} holds {expected} tokens in the "
-                         f"attention layout of micro-batch {batch.micro_batch}"
+        raise ValueError(f"attention: q has {q.shape[0]} rows but rank {batch.rank} (plan rank {batch.plan_rank}) "
+                         f"holds {expected} tokens in the attention layout of micro-batch {batch.micro_batch}"
                          + (" (remap the linear-layout rows first: remap(x, batch, groups))" if batch.remapped else ""))
     if batch.step_info.group_rank_sets():
         # On every rank, member or not: creating a group is collective over the world.
@@ -303,7 +394,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBa
             raise ValueError("attention: the plan splits sequences over several ranks; pass a ProcessGroups "
                              "(the same object on every call)")
         groups.ensure(batch.step_info)
-    works = _attention_schedule(batch.step_info, batch.micro_batch, batch.rank, q.device)
+    works = _attention_schedule(batch.step_info, batch.micro_batch, batch.plan_rank, batch.tensor_parallel_rank,
+                                q.device)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _PlannedAttention.apply(q, k, v, works, groups, scale)
 
@@ -320,8 +412,8 @@ class _Move:
     rows_out: int
     keep_from: torch.Tensor
     keep_to: torch.Tensor
-    sends: Dict[int, torch.Tensor]      # peer -> my rows to send, in order
-    receives: Dict[int, torch.Tensor]   # peer -> my output rows to fill, in order
+    sends: Dict[int, torch.Tensor]      # peer (torch rank) -> my rows to send, in order
+    receives: Dict[int, torch.Tensor]   # peer (torch rank) -> my output rows to fill, in order
 
     def reversed(self, rows_in: int) -> "_Move":
         return _Move(rows_in, self.keep_to, self.keep_from, dict(self.receives), dict(self.sends))
@@ -347,9 +439,11 @@ def _linear_row(lookup: Dict[int, List[Tuple[int, int, int]]], sequence: int, be
     return ranges[i][2] + begin - ranges[i][0]
 
 
-def _remap_move(info: StepInfo, micro_batch: int, rank: int, device: torch.device) -> Tuple[_Move, int]:
-    """The linear -> attention move of rank (row indices on ``device``, the data's), and its
-    linear row count."""
+def _remap_move(info: StepInfo, micro_batch: int, rank: int, tensor_parallel_rank: int,
+                device: torch.device) -> Tuple[_Move, int]:
+    """The linear -> attention move of plan rank ``rank`` (row indices on ``device``, the
+    data's; peers as the torch ranks of TP index ``tensor_parallel_rank``), and its linear
+    row count."""
     def make() -> Tuple[_Move, int]:
         linear = info._linear_layout(micro_batch, rank)
         lookup = _row_lookup(linear)
@@ -374,12 +468,13 @@ def _remap_move(info: StepInfo, micro_batch: int, rank: int, device: torch.devic
                 else:
                     receives.setdefault(src, []).extend(target_rows)
         as_index = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
+        peer = lambda p: p * info.tensor_parallel + tensor_parallel_rank  # noqa: E731
         move = _Move(attention_row, as_index(keep_from), as_index(keep_to),
-                     {p: as_index(r) for p, r in sorted(sends.items())},
-                     {p: as_index(r) for p, r in sorted(receives.items())})
+                     {peer(p): as_index(r) for p, r in sorted(sends.items())},
+                     {peer(p): as_index(r) for p, r in sorted(receives.items())})
         return move, sum(e - b for _, b, e in linear)
 
-    return info._cached(("remap", micro_batch, rank, str(device)), make)
+    return info._cached(("remap", micro_batch, rank, tensor_parallel_rank, str(device)), make)
 
 
 def _apply_move(x: torch.Tensor, move: _Move) -> torch.Tensor:
@@ -419,7 +514,8 @@ def remap(x: torch.Tensor, batch: PackedBatch, groups: Optional[ProcessGroups] =
     gradient the other way. The row indices live on ``x``'s device (built once per
     micro-batch, rank and device). The identity (no communication, ``x`` itself) when the
     micro-batch is not remapped. Every rank must call it at the same point (it
-    communicates). With NCCL, run one collective over the world first (e.g.
+    communicates). Under tensor parallelism a piece moves between the processes of the
+    same TP index of the two plan ranks (each moves its own heads' rows). With NCCL, run one collective over the world first (e.g.
     ``dist.barrier()``): a rank without transfers skips the batch, which NCCL allows only
     once the group has run a collective.
 
@@ -438,26 +534,35 @@ def remap(x: torch.Tensor, batch: PackedBatch, groups: Optional[ProcessGroups] =
         raise ValueError(f"remap: direction must be 'to_attention' or 'to_linear'; got {direction!r}")
     if not batch.remapped:
         return x
-    move, linear_rows = _remap_move(batch.step_info, batch.micro_batch, batch.rank, x.device)
+    move, linear_rows = _remap_move(batch.step_info, batch.micro_batch, batch.plan_rank, batch.tensor_parallel_rank,
+                                    x.device)
     if direction == "to_linear":
         move, rows_in = move.reversed(linear_rows), move.rows_out
     else:
         rows_in = linear_rows
     if x.shape[0] != rows_in:
         layout = "linear" if direction == "to_attention" else "attention"
-        raise ValueError(f"remap {direction}: x has {x.shape[0]} rows but rank {batch.rank} holds {rows_in} tokens "
-                         f"in the {layout} layout of micro-batch {batch.micro_batch}")
+        raise ValueError(f"remap {direction}: x has {x.shape[0]} rows but rank {batch.rank} (plan rank "
+                         f"{batch.plan_rank}) holds {rows_in} tokens in the {layout} layout of micro-batch "
+                         f"{batch.micro_batch}")
     if (move.sends or move.receives) and not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("remap moves tokens between ranks: call torch.distributed.init_process_group first")
     return _Remap.apply(x, move, rows_in)
 
 
 def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter], group: Any = None) -> None:
-    """Sum every parameter's gradient over the ranks (a missing gradient counts as zero).
+    """Sum every parameter's gradient over ``group``'s ranks (default: the world; a missing
+    gradient counts as zero).
 
     With ``PackedBatch.loss_weight`` the summed gradient is the gradient of the global
     batch's mean loss: no division by the world size (unlike DistributedDataParallel).
     One all-reduce per parameter, in the parameters' order (the same on every rank).
+
+    Under tensor parallelism pass ``group=groups.data_parallel_group(batch)``: the N
+    members of a TP group compute the same loss over the same tokens, so a gradient is
+    summed over the plan ranks only (the processes of the same TP index), never over the
+    TP group: a TP-sharded weight's shards differ, and a replicated weight's gradient is
+    already complete on each member (docs/python.md, "Tensor parallelism").
     """
     for parameter in parameters:
         if parameter.grad is None:

@@ -39,6 +39,12 @@ ring / Ulysses kernels (FlashAttention varlen with ``cu_seqlens``) following the
 gloo could carry those too: torch 1.13's gloo runs ``all_to_all_single`` with uneven splits
 and ``batch_isend_irecv`` (not the list form ``all_to_all`` nor ``reduce_scatter``), as
 python/tests/test_gloo_collectives.py checks with 2 processes.
+Tensor parallelism (``tensor_parallel=N`` for the sampler, a plan whose ranks are TP
+groups): the world has ``plan.ranks * N`` processes, torch rank r being TP member r % N of
+plan rank r // N; the members load the same tokens, pass their own heads to ``attention``
+and ``remap`` (which run among the processes of the same TP index), and sum gradients over
+``ProcessGroups.data_parallel_group(N)`` only (docs/python.md, "Tensor parallelism").
+
 docs/python.md has the full guide; examples/train_balanced.py a complete training loop.
 """
 

@@ -199,7 +199,7 @@ def test_sampler_len_last_plan_and_random_batches(data) -> None:
 
 def test_errors(data) -> None:
     lengths, batches, documents = data
-    with pytest.raises(ValueError, match=r"has 16 ranks .* world_size is 4.*nodes="):
+    with pytest.raises(ValueError, match=r"has 16 GPUs .* world_size is 4.*nodes="):
         bt.BalancedBatchSampler(lengths, batches, rank=0, world_size=4, cluster="h100", nodes=2)
     with pytest.raises(ValueError, match="rank 4 is not in a world of 4"):
         bt.BalancedBatchSampler(lengths, batches, rank=4, world_size=4, cluster=cluster(512))
