@@ -147,3 +147,10 @@ def test_plan_matches_the_cli_with_tp(tmp_path):
     plan = ballast.plan(LENGTHS, cluster="h100", nodes=1, model="llama-7b", strategy="zeppelin",
                         tensor_parallel=2)
     assert plan.to_json() == cli
+
+
+def test_a_profiled_cost_model_cannot_price_tp_groups():
+    with pytest.raises(ValueError, match=r"tensor_parallel 2: profiled cost model .* use cost_model analytical "
+                                         r"or drop tensor_parallel"):
+        ballast.plan(LENGTHS, cluster="h100", nodes=1, model="llama-7b", cost_model="flexsp-a100-192k",
+                     tensor_parallel=2)
