@@ -361,7 +361,7 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
                 ("Zeppelin's scaling study", lambda l: family_of(l) == "zeppelin-scale"),
                 ("Zeppelin's setting with TE CP on 16-GPU rings",
                  lambda l: family_of(l) == "zeppelin-cp16"),
-                ("Zeppelin's 13B with tensor parallelism 2",
+                ("Zeppelin's 13B and 30B with tensor parallelism",
                  lambda l: family_of(l) == "zeppelin-tp"),
                 ("Other scenarios", lambda l: family_of(l) == "other" and not l.startswith("default"))]
     for title, keep in sections:
