@@ -117,12 +117,12 @@ class VarlenLayout:
     def position_tensors(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(query document, query position, key document, key position) per row, int64 on ``device``."""
         def expand(bounds: Tuple[int, ...], offsets: Tuple[int, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
-            lengths = torch.tensor([e - b for b, e in zip(bounds[:-1], bounds[1:])], dtype=torch.long)
-            document = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-            starts = torch.tensor(bounds[:-1], dtype=torch.long)
-            position = torch.arange(bounds[-1]) - starts[document] + torch.tensor(offsets, dtype=torch.long)[document] \
-                if bounds[-1] else torch.zeros(0, dtype=torch.long)
-            return document.to(device), position.to(device)
+            # Built on ``device`` directly (no host tensor moved over: the meta device works too).
+            long = dict(dtype=torch.long, device=device)
+            lengths = torch.tensor([e - b for b, e in zip(bounds[:-1], bounds[1:])], **long)
+            document = torch.repeat_interleave(torch.arange(len(offsets), **long), lengths, output_size=bounds[-1])
+            shift = torch.tensor([o - b for o, b in zip(offsets, bounds[:-1])], **long)  # position - row
+            return document, torch.arange(bounds[-1], **long) + shift[document]
         query_document, query_position = expand(self.cu_seqlens_q, self.query_offsets)
         key_document, key_position = expand(self.cu_seqlens_k, self.key_offsets)
         return query_document, query_position, key_document, key_position
