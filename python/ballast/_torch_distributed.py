@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import ballast
 from ballast._torch_data import PackedBatch, StepInfo
+from ballast._torch_kernels import KernelChoice, VarlenLayout, get_attention_kernel, varlen_attention
 
 # --------------------------------------------------------------------------------------
 # Process groups
@@ -157,25 +158,6 @@ def _check_world(plan: ballast.Plan) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def _causal_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int,
-                  scale: float) -> torch.Tensor:
-    """Queries at positions q_offset + [0, n) over keys at positions [0, e), causal.
-
-    q: (n, heads, d); k, v: (e, kv_heads, d) with heads a multiple of kv_heads (GQA: query
-    head h reads KV head h // (heads / kv_heads)). Returns (n, heads, d).
-    """
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads != kv_heads:  # output_size: no device sync on CUDA, and it runs on the meta device
-        k = k.repeat_interleave(heads // kv_heads, dim=1, output_size=heads)
-        v = v.repeat_interleave(heads // kv_heads, dim=1, output_size=heads)
-    scores = torch.einsum("nhd,ehd->hne", q, k) * scale  # (heads, n, e)
-    query_positions = torch.arange(q_offset, q_offset + q.shape[0], device=q.device)
-    key_positions = torch.arange(k.shape[0], device=q.device)
-    future = key_positions[None, :] > query_positions[:, None]
-    scores = scores.masked_fill(future, float("-inf"))
-    return torch.einsum("hne,ehd->nhd", torch.softmax(scores, dim=-1), v)
-
-
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"q, k, v must be [tokens, heads, head_dim]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -185,22 +167,21 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, *,
-                    softmax_scale: Optional[float] = None) -> torch.Tensor:
+                    softmax_scale: Optional[float] = None, kernel: Optional[KernelChoice] = None) -> torch.Tensor:
     """Causal attention inside each document of a packed batch (single process).
 
     Args:
         q: (T, heads, head_dim); k, v: (T, kv_heads, head_dim), heads a multiple of kv_heads.
         cu_seqlens: document boundaries (T_0 = 0 ... T), as ``PackedBatch.cu_seqlens``.
         softmax_scale: default ``head_dim ** -0.5``.
+        kernel: the attention kernel (None: ``set_attention_kernel``'s, the blocked one by
+            default; docs/python.md, "Attention kernels").
 
     Returns:
         (T, heads, head_dim). The reference the distributed ``attention`` matches.
     """
     _check_qkv(q, k, v)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    bounds = [int(x) for x in cu_seqlens.tolist()]
-    parts = [_causal_block(q[b:e], k[b:e], v[b:e], 0, scale) for b, e in zip(bounds[:-1], bounds[1:]) if e > b]
-    return torch.cat(parts) if parts else q.new_zeros(q.shape)
+    return varlen_attention(q, k, v, VarlenLayout.causal(cu_seqlens), softmax_scale=softmax_scale, kernel=kernel)
 
 
 @dataclasses.dataclass
@@ -275,7 +256,7 @@ def _attention_schedule(info: StepInfo, micro_batch: int, rank: int, tensor_para
 
 
 def _group_outputs(q: torch.Tensor, gathered: List[torch.Tensor], works: List[_GroupWork], head_dim: int,
-                   scale: float) -> List[Tuple[int, torch.Tensor]]:
+                   scale: float, kernel: Any) -> List[Tuple[int, torch.Tensor]]:
     """Attention of my chunks: (row, output) pairs. gathered[i]: (members, max_rows, kv_heads, 2 head_dim)."""
     outputs = []
     for work, kv in zip(works, gathered):
@@ -284,9 +265,10 @@ def _group_outputs(q: torch.Tensor, gathered: List[torch.Tensor], works: List[_G
         for sequence, begin, end, row in work.chunks:
             if sequence not in full_kv:
                 full_kv[sequence] = flat.index_select(0, work.sequences[sequence][1])
-            keys = full_kv[sequence][:end]
-            outputs.append((row, _causal_block(q[row:row + end - begin], keys[..., :head_dim], keys[..., head_dim:],
-                                               begin, scale)))
+            keys = full_kv[sequence][:end]  # positions [0, end); my queries sit at [begin, end)
+            layout = VarlenLayout.single(end - begin, end, query_offset=begin, key_offset=0)
+            outputs.append((row, varlen_attention(q[row:row + end - begin], keys[..., :head_dim],
+                                                  keys[..., head_dim:], layout, softmax_scale=scale, kernel=kernel)))
     return outputs
 
 
@@ -315,14 +297,14 @@ class _PlannedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, works: List[_GroupWork],
-                groups: Optional[ProcessGroups], scale: float) -> torch.Tensor:  # type: ignore[override]
+                groups: Optional[ProcessGroups], scale: float, kernel: Any) -> torch.Tensor:  # type: ignore[override]
         head_dim = q.shape[-1]
         gathered = _gather(torch.cat([k, v], dim=-1), works, groups)
         needs_grad = any(ctx.needs_input_grad[:3])
         with torch.enable_grad() if needs_grad else torch.no_grad():
             q_leaf = q.detach().requires_grad_(needs_grad)
             kv_leaves = [g.detach().requires_grad_(needs_grad) for g in gathered]
-            pieces = _group_outputs(q_leaf, kv_leaves, works, head_dim, scale)
+            pieces = _group_outputs(q_leaf, kv_leaves, works, head_dim, scale, kernel)
             pieces.sort(key=lambda p: p[0])
             out = torch.cat([p[1] for p in pieces]) if pieces else q.new_zeros(q.shape)
         if out.shape != q.shape:
@@ -348,11 +330,12 @@ class _PlannedAttention(torch.autograd.Function):
                 dist.all_reduce(grad, group=ctx.groups.get(work.process_ranks))
             first, last = work.rows
             grad_kv[first:last] = grad[work.member, :last - first]
-        return grad_q, grad_kv[..., :head_dim], grad_kv[..., head_dim:], None, None, None
+        return grad_q, grad_kv[..., :head_dim], grad_kv[..., head_dim:], None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch,
-              groups: Optional[ProcessGroups], *, softmax_scale: Optional[float] = None) -> torch.Tensor:
+              groups: Optional[ProcessGroups], *, softmax_scale: Optional[float] = None,
+              kernel: Optional[KernelChoice] = None) -> torch.Tensor:
     """Causal attention of this rank's tokens in the plan's ATTENTION layout (reference).
 
     For each attention group of the rank: a local group attends within each of its
@@ -378,6 +361,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBa
         groups: the cached process groups (created here on first use, collectively); may be
             None when the plan has no multi-rank group (e.g. packed-dp).
         softmax_scale: default ``head_dim ** -0.5``.
+        kernel: the attention kernel each chunk runs (None: ``set_attention_kernel``'s, the
+            blocked one by default; docs/python.md, "Attention kernels").
 
     Returns:
         (T_attention, heads, head_dim).
@@ -397,7 +382,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBa
     works = _attention_schedule(batch.step_info, batch.micro_batch, batch.plan_rank, batch.tensor_parallel_rank,
                                 q.device)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return _PlannedAttention.apply(q, k, v, works, groups, scale)
+    return _PlannedAttention.apply(q, k, v, works, groups, scale, get_attention_kernel(kernel))
 
 
 # --------------------------------------------------------------------------------------

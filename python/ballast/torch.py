@@ -45,6 +45,12 @@ plan rank r // N; the members load the same tokens, pass their own heads to ``at
 and ``remap`` (which run among the processes of the same TP index), and sum gradients over
 ``ProcessGroups.data_parallel_group(N)`` only (docs/python.md, "Tensor parallelism").
 
+Attention runs through a pluggable kernel (``varlen_attention``, ``VarlenLayout``): the
+default is a pure-torch blocked kernel (online softmax, memory proportional to tokens x
+block); ``set_attention_kernel("flash_attn")`` or ``kernel=`` picks flash-attn's varlen
+functions on CUDA or any object with the ``AttentionKernel`` methods (docs/python.md,
+"Attention kernels").
+
 docs/python.md has the full guide; examples/train_balanced.py a complete training loop.
 """
 
@@ -71,6 +77,19 @@ from ballast._torch_data import (  # noqa: E402
     StepInfo,
     collate,
 )
+from ballast._torch_kernels import (  # noqa: E402
+    KERNEL_NAMES,
+    AttentionKernel,
+    AutoAttentionKernel,
+    BlockedAttentionKernel,
+    FlashAttentionKernel,
+    VarlenLayout,
+    dense_attention_reference,
+    get_attention_kernel,
+    merge_attention,
+    set_attention_kernel,
+    varlen_attention,
+)
 from ballast._torch_distributed import (  # noqa: E402
     ProcessGroups,
     all_reduce_gradients,
@@ -82,6 +101,8 @@ from ballast._torch_distributed import (  # noqa: E402
 __all__ = [
     "StepInfo", "Piece", "MicroBatchHeader", "BalancedBatchSampler", "PieceDataset", "PackedBatch",
     "collate", "ProcessGroups", "local_attention", "attention", "remap", "all_reduce_gradients",
-    "IGNORE_INDEX",
+    "IGNORE_INDEX", "VarlenLayout", "AttentionKernel", "BlockedAttentionKernel", "FlashAttentionKernel",
+    "AutoAttentionKernel", "KERNEL_NAMES", "varlen_attention", "merge_attention", "dense_attention_reference",
+    "set_attention_kernel", "get_attention_kernel",
 ]
 
