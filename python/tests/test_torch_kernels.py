@@ -229,14 +229,18 @@ def _tile_area(kernel, layout) -> int:
 
 
 def test_short_documents_cost_about_what_varlen_costs() -> None:
-    """A pack of 128 documents of 32 tokens: the score entries computed stay within the
-    query block x key span of each block's documents, far from the 4096^2 of one matrix."""
-    kernel = bt.BlockedAttentionKernel(128, 128)
-    layout = bt.VarlenLayout.causal(_bounds([32] * 128))
-    varlen = 128 * 32 * 32
-    assert _tile_area(kernel, layout) <= 4 * varlen
+    """Packs of short documents: the score entries computed (tile areas) stay within 4x the
+    documents' own squares (merged tiles span at most MERGE_SPAN_TOKENS keys), far from the
+    4096^2 of one matrix; one long document computes about half the square."""
+    kernel = bt.BlockedAttentionKernel()
+    for length in (1, 32, 100):
+        lengths = [length] * (4096 // length)
+        squares = sum(n * n for n in lengths)
+        visible_pairs = sum(n * (n + 1) // 2 for n in lengths)
+        area = _tile_area(kernel, bt.VarlenLayout.causal(_bounds(lengths)))
+        assert visible_pairs <= area <= 4 * squares + 4096 * kernels.MERGE_SPAN_TOKENS, (length, area, squares)
     one_document = bt.VarlenLayout.causal([0, 4096])  # causal: about half the square plus the diagonal blocks
-    assert _tile_area(kernel, one_document) <= 4096 * 4096 // 2 + 4096 * 128
+    assert _tile_area(kernel, one_document) <= 4096 * 4096 // 2 + 4096 * 512
     future = bt.VarlenLayout([0, 100], [0, 100], [0], [100])  # keys all after the queries: no tile at all
     assert _tile_area(kernel, future) == 0
 
