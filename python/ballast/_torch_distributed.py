@@ -1,4 +1,5 @@
-"""ballast.torch's distributed side: process groups, the reference attention, the remap
+"""ballast.torch's distributed side: process groups, attention (the planned schemes of
+_torch_schemes.py, or the all-gather reference), the remap
 between layouts and the gradient sum. Import it through ``ballast.torch`` (docs/python.md)."""
 
 from __future__ import annotations
@@ -335,16 +336,24 @@ class _PlannedAttention(torch.autograd.Function):
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch,
               groups: Optional[ProcessGroups], *, softmax_scale: Optional[float] = None,
-              kernel: Optional[KernelChoice] = None) -> torch.Tensor:
-    """Causal attention of this rank's tokens in the plan's ATTENTION layout (reference).
+              kernel: Optional[KernelChoice] = None, schemes: str = "planned",
+              stats: Optional[Any] = None) -> torch.Tensor:
+    """Causal attention of this rank's tokens in the plan's ATTENTION layout.
 
-    For each attention group of the rank: a local group attends within each of its
-    documents; a group over several ranks (ring, all_gather, ulysses) all-gathers the
-    group's keys and values over its process group, rebuilds each sequence's keys in
-    position order, and each of my chunks ``[b, e)`` attends to keys ``[0, e)`` causally.
-    The backward all-reduces the keys' and values' gradients over the group (the adjoint of
-    the all-gather). The result equals the plan's ring / Ulysses schemes up to rounding;
-    a production run replaces this with ring / Ulysses kernels following the same plan.
+    ``schemes="planned"`` (the default) runs each attention group of the rank as the plan
+    says, in group-index order, forward and backward (python/ballast/_torch_schemes.py;
+    docs/python.md, "Attention schemes"): ``local`` attends within each of its documents;
+    ``ring`` passes K/V blocks around the group's members (zigzag chunks, partial results
+    merged by log-sum-exp; the backward passes them again with their dK/dV and returns
+    dK/dV to the owners); ``ulysses`` all-to-alls from sequence to head sharding, attends
+    over the group's whole sequences and all-to-alls back; ``all_gather`` gathers every
+    member's K/V and returns the dK/dV partials to their owners.
+
+    ``schemes="reference"`` runs every group over several ranks the same way, whatever
+    its scheme: it all-gathers the group's keys and values (padded to the largest member),
+    rebuilds each sequence's keys in position order, and each of my chunks ``[b, e)``
+    attends to keys ``[0, e)`` causally; the backward all-reduces the gathered keys' and
+    values' gradients over the group. Both give the same result up to rounding.
     Every rank must call it for every micro-batch (also with 0 tokens).
 
     Under tensor parallelism (``batch.tensor_parallel`` N > 1) each process passes the
@@ -363,10 +372,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBa
         softmax_scale: default ``head_dim ** -0.5``.
         kernel: the attention kernel each chunk runs (None: ``set_attention_kernel``'s, the
             blocked one by default; docs/python.md, "Attention kernels").
+        schemes: ``"planned"`` (each group's scheme) or ``"reference"`` (all-gather for
+            every group over several ranks, for comparison).
+        stats: a ``CommunicationStats`` that counts the bytes this process sends, by scheme
+            and pass (``"planned"`` only); None: not counted.
 
     Returns:
         (T_attention, heads, head_dim).
     """
+    if schemes not in ("planned", "reference"):
+        raise ValueError(f"attention: schemes must be 'planned' or 'reference'; got {schemes!r}")
     _check_qkv(q, k, v)
     expected = batch.attention_tokens
     if q.shape[0] != expected:
@@ -379,9 +394,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBa
             raise ValueError("attention: the plan splits sequences over several ranks; pass a ProcessGroups "
                              "(the same object on every call)")
         groups.ensure(batch.step_info)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if schemes == "planned":
+        from ballast._torch_schemes import ScheduledAttention, scheme_schedule
+        scheduled = scheme_schedule(batch.step_info, batch.micro_batch, batch.plan_rank, batch.tensor_parallel_rank)
+        return ScheduledAttention.apply(q, k, v, scheduled, groups, scale, get_attention_kernel(kernel), stats)
     works = _attention_schedule(batch.step_info, batch.micro_batch, batch.plan_rank, batch.tensor_parallel_rank,
                                 q.device)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _PlannedAttention.apply(q, k, v, works, groups, scale, get_attention_kernel(kernel))
 
 

@@ -97,12 +97,13 @@ from ballast._torch_distributed import (  # noqa: E402
     local_attention,
     remap,
 )
+from ballast._torch_schemes import CommunicationStats  # noqa: E402
 
 __all__ = [
     "StepInfo", "Piece", "MicroBatchHeader", "BalancedBatchSampler", "PieceDataset", "PackedBatch",
     "collate", "ProcessGroups", "local_attention", "attention", "remap", "all_reduce_gradients",
     "IGNORE_INDEX", "VarlenLayout", "AttentionKernel", "BlockedAttentionKernel", "FlashAttentionKernel",
     "AutoAttentionKernel", "KERNEL_NAMES", "varlen_attention", "merge_attention", "dense_attention_reference",
-    "set_attention_kernel", "get_attention_kernel",
+    "set_attention_kernel", "get_attention_kernel", "CommunicationStats",
 ]
 
