@@ -31,14 +31,14 @@ Every rank computes the same plan from the same lengths, so ranks agree on who h
 without communicating. Every rank must run every micro-batch (also one where it holds no
 tokens: the tensors are then empty), because the attention and the remap communicate.
 
-``attention`` here is a reference: it all-gathers a split sequence's keys and values over
-its group, which is exactly the math of the plan's ring / all-gather / Ulysses schemes
-(the same result with different communication) and runs on the gloo backend. A production
-run keeps the sampler, collate, process groups and remap, and replaces ``attention`` with
-ring / Ulysses kernels (FlashAttention varlen with ``cu_seqlens``) following the same plan.
-gloo could carry those too: torch 1.13's gloo runs ``all_to_all_single`` with uneven splits
-and ``batch_isend_irecv`` (not the list form ``all_to_all`` nor ``reduce_scatter``), as
-python/tests/test_gloo_collectives.py checks with 2 processes.
+``attention`` runs each attention group as the plan says (``schemes="planned"``, the
+default): local groups attend within their documents, rings pass K/V blocks between
+members with ``batch_isend_irecv``, Ulysses groups ``all_to_all_single`` (uneven splits)
+to head sharding, all-gather groups gather K/V; the backward communicates the other way
+(python/ballast/_torch_schemes.py; docs/python.md, "Attention schemes").
+``attention(..., schemes="reference")`` all-gathers every split group's K/V instead (the
+same result, for comparison); ``CommunicationStats`` counts the bytes sent. gloo (torch
+1.13) and NCCL carry all of it.
 Tensor parallelism (``tensor_parallel=N`` for the sampler, a plan whose ranks are TP
 groups): the world has ``plan.ranks * N`` processes, torch rank r being TP member r % N of
 plan rank r // N; the members load the same tokens, pass their own heads to ``attention``
