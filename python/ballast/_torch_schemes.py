@@ -153,10 +153,28 @@ def _chunks_layout(chunks: List[Chunk]) -> VarlenLayout:
 def _local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGroup, scale: float,
            kernel: Any) -> torch.Tensor:
     chunks = group.member_chunks[group.member]
-    if any(b != 0 for _, b, _, _ in chunks) and group.size == 1:
-        # A one-rank group holds whole documents; a piece starting inside one would need keys it lacks.
-        raise RuntimeError(f"internal error (please report): local group {group.index} holds part of a document")
-    return varlen_attention(q, k, v, _chunks_layout(chunks), softmax_scale=scale, kernel=kernel)
+    if all(b == 0 for _, b, _, _ in chunks) and len({s for s, _, _, _ in chunks}) == len(chunks):
+        return varlen_attention(q, k, v, _chunks_layout(chunks), softmax_scale=scale, kernel=kernel)
+    # a sequence in several pieces on this one rank: each piece over the keys before it
+    return _attend_chunks(q, torch.cat([k, v], dim=-1), group, scale, kernel)
+
+
+def _attend_chunks(q: torch.Tensor, stacked: torch.Tensor, group: SchemeGroup, scale: float,
+                   kernel: Any) -> torch.Tensor:
+    """My chunks over the group's K/V rows stacked in member order (rows, kv_heads, 2 head_dim):
+    chunk [b, e) of sequence s attends to keys [0, e) of s, one document per chunk."""
+    head_dim = q.shape[-1]
+    positions = group.stacked_positions()
+    chunks = group.member_chunks[group.member]
+    key_rows = [row for s, _, e, _ in chunks for row in positions[s][:e]]
+    keys = stacked.index_select(0, torch.tensor(key_rows, dtype=torch.long, device=stacked.device))
+    bounds_q, bounds_k = [0], [0]
+    for _, b, e, _ in chunks:
+        bounds_q.append(bounds_q[-1] + e - b)
+        bounds_k.append(bounds_k[-1] + e)
+    layout = VarlenLayout(bounds_q, bounds_k, [b for _, b, _, _ in chunks], [0] * len(chunks))
+    return varlen_attention(q, keys[..., :head_dim], keys[..., head_dim:], layout, softmax_scale=scale,
+                            kernel=kernel)
 
 
 # --------------------------------------------------------------------------------------
@@ -198,25 +216,13 @@ def _all_to_all(x: torch.Tensor, send: List[int], receive: List[int], member: in
 
 def _all_gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGroup, process_group: Any,
                 scale: float, kernel: Any, stats: Optional[CommunicationStats]) -> torch.Tensor:
-    head_dim = q.shape[-1]
     kv = torch.cat([k, v], dim=-1)                             # (rows, kv_heads, 2 head_dim)
     row_elements = kv.shape[1] * kv.shape[2]
     send = [kv.shape[0] * row_elements] * group.size           # my block to every member
     receive = [rows * row_elements for rows in group.member_rows]
     stacked = _AllToAll.apply(kv.reshape(-1).repeat(group.size), send, receive, group.member, process_group,
                               stats, "all_gather").view(-1, kv.shape[1], kv.shape[2])
-    positions = group.stacked_positions()
-    chunks = group.member_chunks[group.member]
-    # chunk [b, e) of sequence s sees keys [0, e) of s: one document per chunk
-    key_rows = [row for s, _, e, _ in chunks for row in positions[s][:e]]
-    keys = stacked.index_select(0, torch.tensor(key_rows, dtype=torch.long, device=kv.device))
-    bounds_q, bounds_k = [0], [0]
-    for _, b, e, _ in chunks:
-        bounds_q.append(bounds_q[-1] + e - b)
-        bounds_k.append(bounds_k[-1] + e)
-    layout = VarlenLayout(bounds_q, bounds_k, [b for _, b, _, _ in chunks], [0] * len(chunks))
-    return varlen_attention(q, keys[..., :head_dim], keys[..., head_dim:], layout, softmax_scale=scale,
-                            kernel=kernel)
+    return _attend_chunks(q, stacked, group, scale, kernel)
 
 
 # --------------------------------------------------------------------------------------

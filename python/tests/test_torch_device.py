@@ -25,6 +25,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.overrides  # noqa: E402
 
 import ballast._torch_distributed as btd  # noqa: E402
+import ballast._torch_schemes as bts  # noqa: E402
 import ballast.torch as bt  # noqa: E402
 import tiny_transformer as tt  # noqa: E402  (examples/, put on sys.path by conftest.py)
 import train_balanced as tb  # noqa: E402
@@ -115,6 +116,10 @@ class RecordingDistributed:
     def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None) -> _Done:
         return self._record("all_reduce", tensor)
 
+    def all_to_all_single(self, output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: Any = None,
+                          input_split_sizes: Any = None, group: Any = None) -> _Done:
+        return self._record("all_to_all_single", output, tensor)
+
     def isend(self, tensor: torch.Tensor, dst: int, group: Any = None, tag: int = 0) -> _Done:
         return self._record("isend", tensor)
 
@@ -140,6 +145,7 @@ def test_the_example_step_keeps_every_tensor_on_the_data_device(data, monkeypatc
     for rank in range(WORLD_SIZE):
         fake = RecordingDistributed(WORLD_SIZE)
         monkeypatch.setattr(btd, "dist", fake)
+        monkeypatch.setattr(bts, "dist", fake)
         monkeypatch.setattr(tb, "dist", fake)
         sampler = bt.BalancedBatchSampler(lengths, batches, rank=rank, world_size=WORLD_SIZE, cluster=cluster,
                                           model=PLANNING_MODEL, strategy=strategy)
@@ -165,8 +171,8 @@ def test_the_example_step_keeps_every_tensor_on_the_data_device(data, monkeypatc
         names = {name for name, _ in fake.calls}
         every_call |= names
         assert "all_reduce" in names  # the gradient sum and the step loss
-        if seen["split"]:
-            assert "all_gather" in names
+        if seen["split"]:  # the schemes communicate: K/V blocks (ring) or all-to-alls
+            assert names & {"all_to_all_single", "isend"}, names
     if strategy.startswith("zeppelin"):
         assert seen["remapped"] and {"isend", "irecv"} <= every_call, "the remap was not exercised"
     if strategy != "packed-dp":

@@ -61,7 +61,8 @@ BUGS = {
 
 def _mixed_plan(cluster: ballast.Cluster, model: ballast.Model) -> ballast.Plan:
     """One micro-batch of six groups: rings of 4 and 3 ranks (zigzag), a Ulysses pair with
-    uneven members, an all-gather pair, two local groups; every rank is in 3 or 4 groups."""
+    uneven members, an all-gather pair, two local groups (one holding a document in two
+    pieces); every rank is in 3 or 4 groups."""
     base = json.loads(ballast.plan(np.array(LENGTHS), cluster, model, "zeppelin").to_json())
 
     def sequence(i, chunks):
@@ -78,7 +79,7 @@ def _mixed_plan(cluster: ballast.Cluster, model: ballast.Model) -> ballast.Plan:
         group([1, 2, 3], "ring", sequence(3, [[1, 0, 34], [1, 166, 200], [2, 34, 67], [2, 133, 166],
                                               [3, 67, 100], [3, 100, 133]])),
         group([3], "local", sequence(4, [[3, 0, 90]]), sequence(7, [[3, 0, 20]])),
-        group([0], "local", sequence(6, [[0, 0, 33]])),
+        group([0], "local", sequence(6, [[0, 0, 10], [0, 10, 33]])),  # one document in two pieces
     ], "queues": [[0, 1, 5], [0, 1, 3], [0, 2, 3], [0, 2, 3, 4]]}]
     return ballast.Plan.from_json(json.dumps(base), "test_torch_schemes mixed plan")
 
