@@ -6,7 +6,8 @@ attention over whole documents within 1e-5 (norm-wise: ||x - ref|| / ||ref|| ove
 tokens of all ranks). Each rank's bytes sent per scheme and pass must equal the volume the
 plan implies (``_expected_bytes``; the formulas are in docs/python.md, "Attention
 schemes"). Planted bugs (dK/dV not sent home in the ring, a wrong causal offset of the ring's
-blocks, all-to-all gradients dropped) must be caught.
+blocks, all-to-all gradients dropped, Ulysses members reading the wrong KV heads) must be
+caught.
 
 Run with -s to see the measured errors and volumes (docs/python.md records them).
 """
@@ -56,6 +57,7 @@ BUGS = {
     "ring_no_gradients_home": "static-cp",
     "ring_causal_offset": "mixed",
     "all_to_all_drops_gradients": "mixed",
+    "ulysses_wrong_kv_heads": "static-ulysses",
 }
 
 
@@ -168,6 +170,13 @@ def _plant(bug):
                 return x.new_zeros(sum(receive))
             return correct(x, send, receive, member, process_group, stats, scheme, direction)
         schemes._all_to_all = dropped
+    elif bug == "ulysses_wrong_kv_heads":
+        correct = schemes.ulysses_heads
+
+        def first_kv_heads(heads, kv_heads, members):  # every member sends and reads member 0's KV heads
+            shards = correct(heads, kv_heads, members)
+            return [(a, b) + shards[0][2:] for a, b, _, _ in shards]
+        schemes.ulysses_heads = first_kv_heads
     elif bug is not None:
         raise ValueError(bug)
 
