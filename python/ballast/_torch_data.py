@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import math
+import numbers
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -470,6 +472,10 @@ def collate(samples: Sequence[Any], *, loss_scale: float = 1.0) -> PackedBatch:
     Returns:
         A ``PackedBatch``; with no pieces its tensors have 0 tokens (and ``cu_seqlens = [0]``).
     """
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, numbers.Real) or not math.isfinite(loss_scale) \
+            or loss_scale <= 0:
+        raise ValueError(f"collate: loss_scale must be a positive finite number (1 when gradients are summed over "
+                         f"ranks, the data-parallel world size under DistributedDataParallel); got {loss_scale!r}")
     if not samples or not isinstance(samples[0], MicroBatchHeader):
         raise ValueError("collate expects the items of a BalancedBatchSampler served by a PieceDataset: "
                          "DataLoader(PieceDataset(dataset), batch_sampler=sampler, collate_fn=collate)")

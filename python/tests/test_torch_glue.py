@@ -213,6 +213,14 @@ def test_errors(data) -> None:
                                      model=PLANNING_MODEL, strategy="packed-dp"))
     with pytest.raises(ValueError, match="collate expects"):
         bt.collate([])
+    item = next(iter(bt.BalancedBatchSampler(lengths, batches, rank=0, world_size=4, cluster=cluster(2048),
+                                             model=PLANNING_MODEL, strategy="packed-dp")))
+    samples = [bt.PieceDataset(documents)[x] for x in item]
+    assert bt.collate(samples, loss_scale=np.int64(4)).loss_weight.sum() > 0
+    for wrong in (0, -4, float("nan"), float("inf"), True, "4"):
+        with pytest.raises(ValueError, match=r"loss_scale must be a positive finite number \(1 when .* summed .* "
+                                             r"world size under DistributedDataParallel\); got"):
+            bt.collate(samples, loss_scale=wrong)
     wrong_lengths = lengths.copy()
     wrong_lengths[batches[0]] += 1  # every document of the first batch
     sampler = bt.BalancedBatchSampler(wrong_lengths, batches, rank=0, world_size=4, cluster=cluster(2048),
