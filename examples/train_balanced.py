@@ -6,6 +6,7 @@ Run (4 processes on one machine, gloo on CPU; PYTHONPATH holds the built `ballas
     export PYTHONPATH=build/python OMP_NUM_THREADS=1
     torchrun --nproc_per_node 4 examples/train_balanced.py
     torchrun --nproc_per_node 4 examples/train_balanced.py --strategy zeppelin:remap=on --rank-tokens 512
+    torchrun --nproc_per_node 4 examples/train_balanced.py --grad-sync all-reduce   # no DDP: one sum per parameter
     python3 examples/train_balanced.py --strategy packed-dp      # one process, no torch.distributed
     torchrun --nproc_per_node 8 examples/train_balanced.py --device cuda   # one GPU per process, NCCL
 
@@ -25,21 +26,34 @@ ballast (the same plan everywhere, no communication), and loads only its share: 
 pieces of documents, in the plan's linear layout, one micro-batch at a time. The model
 moves q, k, v to the plan's attention layout (`remap`), runs the plan's attention groups
 (`attention`) and moves the output back. The loss weights make the sum over ranks and
-micro-batches the mean loss of the whole global batch, so gradients are summed over ranks
-(not averaged) before the optimizer step. The parts to keep in your loop are marked (*).
+micro-batches the mean loss of the whole global batch. Gradients are synchronized by
+torch's DistributedDataParallel (`--grad-sync ddp`, the default): bucketed all-reduces
+overlapped with the backward of the step's last micro-batch (the others accumulate
+locally under `no_sync()`), averaging over the ranks, so the loss weights are multiplied
+by the world size (`collate(..., loss_scale=world_size)`) and the average is the gradient
+of the global batch's mean loss. `--grad-sync all-reduce` sums them instead after the last
+micro-batch (`ballast.torch.all_reduce_gradients`, one all-reduce per parameter, loss
+scale 1). The parts to keep in your loop are marked (*).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 import ballast.torch as bt
 import tiny_transformer as tt  # the model and data of this example (examples/tiny_transformer.py)
+
+
+#: --grad-sync: how gradients are combined over ranks at the end of a global batch.
+GRADIENT_SYNCS = ("ddp", "all-reduce")
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -59,6 +73,10 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu (torch.distributed backend gloo) or cuda (one GPU per process, backend nccl)")
+    parser.add_argument("--grad-sync", choices=GRADIENT_SYNCS, default="ddp",
+                        help="ddp: DistributedDataParallel (bucketed all-reduce during the last micro-batch's "
+                             "backward, averaging; loss weights x world size); all-reduce: "
+                             "ballast.torch.all_reduce_gradients after it (one sum per parameter)")
     return parser.parse_args()
 
 
@@ -80,10 +98,47 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def wrap_for_gradient_sync(model: torch.nn.Module, grad_sync: str, device: torch.device) -> torch.nn.Module:
+    """(*) The module the loop trains: ``model`` inside DistributedDataParallel (``grad_sync``
+    "ddp" and torch.distributed running), else ``model`` itself (gradients summed by
+    ``finish_step``). DDP's default process group is the world: every rank is one data-parallel
+    rank of the plan. (Under tensor parallelism pass
+    ``process_group=groups.data_parallel_group(N)``; docs/python.md.) Every parameter gets a
+    gradient on every rank in every micro-batch, also on a rank without tokens (its empty
+    tensors still run through every layer, and its gradients are zero), so DDP needs no
+    ``find_unused_parameters``."""
+    if grad_sync not in GRADIENT_SYNCS:
+        raise ValueError(f"grad_sync must be one of {', '.join(GRADIENT_SYNCS)}; got {grad_sync!r}")
+    if grad_sync != "ddp" or not dist.is_initialized():
+        return model
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def loss_scale_for(model: torch.nn.Module) -> float:
+    """(*) ``collate``'s ``loss_scale`` for the module the loop trains: DDP averages gradients
+    over the ranks of its process group, so the loss weights are multiplied by that group's
+    size; a sum (``all_reduce_gradients``) needs 1."""
+    if isinstance(model, DistributedDataParallel):
+        return float(dist.get_world_size(model.process_group))
+    return 1.0
+
+
+def gradient_sync_context(model: torch.nn.Module, batch: bt.PackedBatch) -> contextlib.AbstractContextManager:
+    """(*) Around a micro-batch's forward and backward: under DDP, ``no_sync()`` for all but
+    the step's last micro-batch (their gradients accumulate locally), so DDP all-reduces once
+    per global batch, during the last backward. Every rank has the same micro-batch count
+    (the sampler yields one item per micro-batch of the plan, empty ones included), so every
+    rank syncs in the same backward."""
+    if isinstance(model, DistributedDataParallel) and batch.micro_batch + 1 < batch.num_micro_batches:
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
 def train_micro_batch(model: torch.nn.Module, batch: bt.PackedBatch, groups: bt.ProcessGroups,
                       device: torch.device) -> torch.Tensor:
     """(*) Forward and backward of one micro-batch of this rank on ``device``; returns the loss
-    (detached). Gradients accumulate in the model over the micro-batches of a step."""
+    (detached). Gradients accumulate in the model over the micro-batches of a step. ``model``
+    may be the DDP wrapper (call it inside ``gradient_sync_context``)."""
     # The loader packs on the CPU (also in worker processes); the step runs on the device.
     batch = batch.to(device, non_blocking=True)
     # Forward on this rank's tokens: embeddings, projections and loss in the linear layout;
@@ -99,12 +154,15 @@ def train_micro_batch(model: torch.nn.Module, batch: bt.PackedBatch, groups: bt.
 
 
 def finish_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step_loss: torch.Tensor) -> None:
-    """(*) End of the global batch: sum the gradients over ranks (not average: the loss weights
-    already divide by the global target count), then step. ``step_loss`` (on the device, as
-    NCCL needs) becomes the global batch's loss."""
+    """(*) End of the global batch: without DDP sum the gradients over ranks (not average: the
+    loss weights already divide by the global target count; DDP has averaged them during the
+    last backward), then step. ``step_loss`` (on the device, as NCCL needs) becomes the global
+    batch's loss: the sum over ranks, divided by the loss scale."""
     if dist.is_initialized():
-        bt.all_reduce_gradients(model.parameters())
+        if not isinstance(model, DistributedDataParallel):
+            bt.all_reduce_gradients(model.parameters())
         dist.all_reduce(step_loss)
+        step_loss /= loss_scale_for(model)
     optimizer.step()
     optimizer.zero_grad(set_to_none=False)
 
@@ -128,6 +186,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     config = tt.TinyConfig()
     model = tt.TinyTransformer(config).to(device)
+    trained = wrap_for_gradient_sync(model, args.grad_sync, device)  # (*) DDP by default
 
     # (*) Describe the job to ballast: the cluster it runs on (here: one emulated GPU per
     # process, memory for --rank-tokens tokens) and the model. With real GPUs use a preset,
@@ -146,7 +205,8 @@ def main() -> None:
     sampler = bt.BalancedBatchSampler(lengths, batches, rank=rank, world_size=world_size, cluster=cluster,
                                       model=planning_model, strategy=args.strategy)
     loader = torch.utils.data.DataLoader(bt.PieceDataset(documents), batch_sampler=sampler,
-                                         collate_fn=bt.collate, num_workers=args.workers,
+                                         collate_fn=functools.partial(bt.collate, loss_scale=loss_scale_for(trained)),
+                                         num_workers=args.workers,
                                          pin_memory=device.type == "cuda")
     groups = bt.ProcessGroups()  # (*) the plans' attention process groups, made once each
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -154,10 +214,11 @@ def main() -> None:
     step_loss = torch.zeros(1, device=device)
     started = time.perf_counter()
     for batch in loader:
-        step_loss += train_micro_batch(model, batch, groups, device)
+        with gradient_sync_context(trained, batch):
+            step_loss += train_micro_batch(trained, batch, groups, device)
         if batch.micro_batch + 1 < batch.num_micro_batches:
             continue
-        finish_step(model, optimizer, step_loss)
+        finish_step(trained, optimizer, step_loss)
         if rank == 0:
             plan = batch.plan
             schemes = sorted({g.scheme for mb in plan.micro_batches for g in mb.groups})
