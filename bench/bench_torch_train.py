@@ -82,7 +82,7 @@ def worker(rank: int, args: argparse.Namespace, mode: str, port: int, out_dir: s
             return bt.remap(bt.attention(q, k, v, batch, groups, schemes=schemes), batch, groups, "to_linear")
         return attend
 
-    measured_steps, tokens = 0, 0
+    measured_steps, tokens, schemes_used = 0, 0, set()
     busy_s, wall_s, rss_before = 0.0, 0.0, 0.0
     step_start_wall = step_start_cpu = 0.0
     for batch in loader:
@@ -106,9 +106,10 @@ def worker(rank: int, args: argparse.Namespace, mode: str, port: int, out_dir: s
             busy_s += cpu
             wall_s += time.perf_counter() - step_start_wall
             tokens += int(batch.plan.lengths.sum())
+            schemes_used |= {g.scheme for mb in batch.plan.micro_batches for g in mb.groups}
     peak = peak_rss_mib() - rss_before
     with open(os.path.join(out_dir, f"{rank}.txt"), "w") as f:
-        f.write(f"{busy_s} {wall_s} {tokens} {peak} {measured_steps}\n")
+        f.write(f"{busy_s} {wall_s} {tokens} {peak} {measured_steps} {'+'.join(sorted(schemes_used))}\n")
     dist.destroy_process_group()
 
 
@@ -119,7 +120,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--steps", type=int, default=4, help="measured steps (after one warm-up step)")
     parser.add_argument("--tokens-per-step", type=int, default=8192)
-    parser.add_argument("--length-scale", type=int, default=16)
+    parser.add_argument("--length-scale", type=int, default=32)
     parser.add_argument("--dataset", default="wlbllm")
     parser.add_argument("--rank-tokens", type=int, default=4096)
     parser.add_argument("--gpus-per-node", type=int, default=2)
@@ -134,7 +135,7 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     print(f"{'mode':<10} {'tokens/s':>9} {'step (s)':>9} {'busy per process (s)':>28} {'imbalance':>9} "
-          f"{'peak MiB per process':>24}")
+          f"{'peak MiB per process':>24}  schemes")
     for mode in modes:
         with tempfile.TemporaryDirectory() as out_dir:
             mp.spawn(worker, args=(args, mode, free_port(), out_dir), nprocs=args.processes, join=True)
@@ -146,7 +147,7 @@ def main() -> None:
         peak = [float(r[3]) for r in rows]
         mean_busy = sum(busy) / len(busy)
         print(f"{mode:<10} {tokens / wall:>9.0f} {wall / steps:>9.3f} {' '.join(f'{b:.2f}' for b in busy):>28} "
-              f"{max(busy) / mean_busy if mean_busy > 0 else 1.0:>9.2f} {' '.join(f'{p:.0f}' for p in peak):>24}",
+              f"{max(busy) / mean_busy if mean_busy > 0 else 1.0:>9.2f} {' '.join(f'{p:.0f}' for p in peak):>24}  {rows[0][5]}",
               flush=True)
 
 
