@@ -218,6 +218,18 @@ def _group_rows(layout: List[Tuple[int, int, int, int]], group: int, rank: int) 
     return (max(first, 0), max(last, 0), ranges)
 
 
+def _member_ranges(info: StepInfo, micro_batch: int, group: int,
+                   ranks: Tuple[int, ...]) -> Tuple[List[int], List[List[Tuple[int, int, int, int]]]]:
+    """Each member's row count in group ``group`` and its ranges (sequence, begin, end, row
+    from the member's first row of the group), members in ``ranks`` order."""
+    member_rows, member_ranges = [], []
+    for r in ranks:
+        first, last, ranges = _group_rows(info._attention_layout(micro_batch, r), group, r)
+        member_rows.append(last - first)
+        member_ranges.append([(s, b, e, row - first) for s, b, e, row in ranges])
+    return member_rows, member_ranges
+
+
 def _attention_schedule(info: StepInfo, micro_batch: int, rank: int, tensor_parallel_rank: int,
                         device: torch.device) -> List[_GroupWork]:
     """Plan rank's groups in index order, their gather indices on ``device`` (the data's),
@@ -229,11 +241,7 @@ def _attention_schedule(info: StepInfo, micro_batch: int, rank: int, tensor_para
             if rank not in group.ranks:
                 continue
             ranks = tuple(sorted(int(r) for r in group.ranks))
-            member_rows, member_ranges = [], []
-            for r in ranks:
-                first, last, ranges = _group_rows(info._attention_layout(micro_batch, r), index, r)
-                member_rows.append(last - first)
-                member_ranges.append([(s, b, e, row - first) for s, b, e, row in ranges])
+            member_rows, member_ranges = _member_ranges(info, micro_batch, index, ranks)
             max_rows = max(member_rows)
             placed: Dict[int, np.ndarray] = {}
             for m, ranges in enumerate(member_ranges):

@@ -110,7 +110,7 @@ class SchemeGroup:
 
 def scheme_schedule(info: StepInfo, micro_batch: int, rank: int, tensor_parallel_rank: int) -> List[SchemeGroup]:
     """Plan rank ``rank``'s groups of ``micro_batch`` in group-index order (cached)."""
-    from ballast._torch_distributed import _group_rows, _process_ranks
+    from ballast._torch_distributed import _group_rows, _member_ranges, _process_ranks
 
     def make() -> List[SchemeGroup]:
         groups = []
@@ -118,11 +118,7 @@ def scheme_schedule(info: StepInfo, micro_batch: int, rank: int, tensor_parallel
             if rank not in group.ranks:
                 continue
             ranks = tuple(sorted(int(r) for r in group.ranks))
-            member_rows, member_chunks = [], []
-            for r in ranks:
-                first, last, ranges = _group_rows(info._attention_layout(micro_batch, r), index, r)
-                member_rows.append(last - first)
-                member_chunks.append([(s, b, e, row - first) for s, b, e, row in ranges])
+            member_rows, member_chunks = _member_ranges(info, micro_batch, index, ranks)
             first, last, _ = _group_rows(info._attention_layout(micro_batch, rank), index, rank)
             scheme = str(group.scheme) if len(ranks) > 1 else "local"
             if scheme not in SCHEMES:

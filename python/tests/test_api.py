@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import ballast
+from plan_views import covered_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("BALLAST_BUILD_DIR", ROOT / "build"))
@@ -24,16 +25,6 @@ def small_cluster(ranks_per_node=4, nodes=2):
     cluster.gpus_per_node = ranks_per_node
     cluster.nics_per_node = ranks_per_node
     return cluster
-
-
-def covered_tokens(plan, layout):
-    """Every (sequence, position) held in `layout` ('linear' or 'attention') over all ranks."""
-    tokens = []
-    for r in range(plan.ranks):
-        for view in plan.rank(r).micro_batches:
-            for piece in getattr(view, layout):
-                tokens.extend((piece.sequence_id, p) for p in range(piece.begin, piece.end))
-    return sorted(tokens)
 
 
 def test_listings_match_the_cli():

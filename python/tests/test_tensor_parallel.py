@@ -11,21 +11,13 @@ from pathlib import Path
 import pytest
 
 import ballast
+from plan_views import covered_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("BALLAST_BUILD_DIR", ROOT / "build"))
 CLI = BUILD / "tools" / "ballast"
 
 LENGTHS = [8192, 512, 300, 12000, 64, 1, 2049, 700]
-
-
-def covered_tokens(plan, layout):
-    tokens = []
-    for r in range(plan.ranks):
-        for view in plan.rank(r).micro_batches:
-            for piece in getattr(view, layout):
-                tokens.extend((piece.sequence_id, p) for p in range(piece.begin, piece.end))
-    return sorted(tokens)
 
 
 @pytest.mark.parametrize("strategy", ["packed-dp", "static-cp", "static-ulysses", "flexsp-fast", "zeppelin",
