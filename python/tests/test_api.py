@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ballast
-from plan_views import covered_tokens
+from plan_views import cli_plan_json, covered_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("BALLAST_BUILD_DIR", ROOT / "build"))
@@ -120,12 +120,8 @@ def test_lengths_from_list_numpy_and_torch_give_the_same_plan():
 def test_plan_matches_the_cli_byte_for_byte(tmp_path):
     if not CLI.exists():
         pytest.skip(f"{CLI} not built")
-    lengths_file = tmp_path / "lengths.txt"
-    lengths_file.write_text("\n".join(map(str, LENGTHS)) + "\n")
-    cli = subprocess.run([str(CLI), "plan", "--dataset", str(lengths_file), "--sampling", "sequential",
-                          "--batch-size", str(len(LENGTHS)), "--cluster", "h100", "--nodes", "1",
-                          "--model", "llama-7b", "--strategy", "zeppelin"],
-                         capture_output=True, text=True, check=True).stdout
+    cli = cli_plan_json(tmp_path, LENGTHS, "--cluster", "h100", "--nodes", "1", "--model", "llama-7b",
+                        "--strategy", "zeppelin")
     plan = ballast.plan(LENGTHS, cluster="h100", nodes=1, model="llama-7b", strategy="zeppelin")
     assert plan.to_json() == cli
     # ... and the simulation equals `ballast simulate --format json`.

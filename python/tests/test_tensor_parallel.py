@@ -3,19 +3,12 @@ TP groups of N GPUs (the CLI's --tp), the plan keeps its cluster of TP groups th
 pickling, plan files and per-rank views, and bad degrees name the valid ones."""
 
 import json
-import os
 import pickle
-import subprocess
-from pathlib import Path
 
 import pytest
 
 import ballast
-from plan_views import covered_tokens
-
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("BALLAST_BUILD_DIR", ROOT / "build"))
-CLI = BUILD / "tools" / "ballast"
+from plan_views import CLI, cli_plan_json, covered_tokens
 
 LENGTHS = [8192, 512, 300, 12000, 64, 1, 2049, 700]
 
@@ -130,12 +123,8 @@ def test_ulysses_degree_times_tp_must_divide_the_kv_heads():
 def test_plan_matches_the_cli_with_tp(tmp_path):
     if not CLI.exists():
         pytest.skip(f"{CLI} not built")
-    lengths_file = tmp_path / "lengths.txt"
-    lengths_file.write_text("\n".join(map(str, LENGTHS)) + "\n")
-    cli = subprocess.run([str(CLI), "plan", "--dataset", str(lengths_file), "--sampling", "sequential",
-                          "--batch-size", str(len(LENGTHS)), "--cluster", "h100", "--nodes", "1",
-                          "--model", "llama-7b", "--strategy", "zeppelin", "--tp", "2"],
-                         capture_output=True, text=True, check=True).stdout
+    cli = cli_plan_json(tmp_path, LENGTHS, "--cluster", "h100", "--nodes", "1", "--model", "llama-7b",
+                        "--strategy", "zeppelin", "--tp", "2")
     plan = ballast.plan(LENGTHS, cluster="h100", nodes=1, model="llama-7b", strategy="zeppelin",
                         tensor_parallel=2)
     assert plan.to_json() == cli
