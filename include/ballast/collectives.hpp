@@ -86,6 +86,16 @@ struct CollectiveSample {
 CollectiveFit fit_collective(CollectiveOp op, int gpus, std::span<const CollectiveSample> samples,
                              const std::string& where);
 
+/// fit_collective on timings from a loaded machine (the host calibration of `ballast run`,
+/// where ranks share cores with other work). A smaller message is never really slower than
+/// a larger one, so each time is first capped by the fastest time of any larger size (a
+/// preempted small measurement would otherwise bend the line down to a negative bandwidth);
+/// if the capped times still do not grow with size (the scheduler, not the link, set them
+/// all), the bandwidth is the largest size over its time with no latency. Throws only what
+/// fit_collective throws for too few sizes or a non-positive time.
+CollectiveFit fit_collective_noisy(CollectiveOp op, int gpus, std::vector<CollectiveSample> samples,
+                                   const std::string& where);
+
 /// Throws InputError "<source>: cluster field 'intra_node_collectives.<op>[i].<field>' ..."
 /// when an entry is impossible: gpus outside [2, kMaxGpusPerNode], a duplicate or unsorted
 /// GPU count, a negative latency or a non-positive bandwidth. Entries above gpus_per_node

@@ -175,6 +175,23 @@ CollectiveFit fit_collective(CollectiveOp op, int gpus, std::span<const Collecti
   return {gpus, latency_s, 1.0 / seconds_per_byte};
 }
 
+CollectiveFit fit_collective_noisy(CollectiveOp op, int gpus, std::vector<CollectiveSample> samples,
+                                   const std::string& where) {
+  std::sort(samples.begin(), samples.end(),
+            [](const CollectiveSample& a, const CollectiveSample& b) { return a.bytes < b.bytes; });
+  for (std::size_t i = samples.size(); i-- > 1;) {
+    samples[i - 1].time_s = std::min(samples[i - 1].time_s, samples[i].time_s);
+  }
+  // Times that grow somewhere: the relative-error fit's slope has the sign of a weighted
+  // covariance of size and time, positive for non-decreasing, non-constant times.
+  if (samples.size() < 2 || !(samples.front().time_s > 0) || samples.front().time_s < samples.back().time_s) {
+    return fit_collective(op, gpus, samples, where);
+  }
+  const CollectiveSample& largest = samples.back();
+  if (largest.bytes == samples.front().bytes) return fit_collective(op, gpus, samples, where);
+  return {gpus, 0.0, static_cast<double>(largest.bytes) * bus_bandwidth_factor(op, gpus) / largest.time_s};
+}
+
 void validate_collective_fits(const CollectiveFitTable& table, int gpus_per_node,
                               const std::string& source) {
   for (const auto& [op, fits] : table) {

@@ -395,7 +395,7 @@ HostCalibration calibrate_host(const runtime::ModelConfig& model, MPI_Comm comm)
   if (ranks >= 2) {
     std::vector<CollectiveSample> p2p;
     for (const Bytes bytes : kPingPongBytes) p2p.push_back({bytes, ping_pong_s(bytes, rank, ranks, comm)});
-    const CollectiveFit link = fit_collective(CollectiveOp::send_recv, 2, p2p, source + ": ping-pong");
+    const CollectiveFit link = fit_collective_noisy(CollectiveOp::send_recv, 2, p2p, source + ": ping-pong");
     cluster.intra_node_p2p_bw_bytes_per_s = link.bus_bw_bytes_per_s;
     cluster.nic_bw_bytes_per_s = link.bus_bw_bytes_per_s;
     cluster.intra_node_latency_s = link.latency_s;
@@ -416,7 +416,7 @@ HostCalibration calibrate_host(const runtime::ModelConfig& model, MPI_Comm comm)
           // The slowest group sets what every rank records.
           samples.push_back({bytes, max_over_ranks(collective_s(op, bytes, group), comm)});
         }
-        const CollectiveFit fit = fit_collective(
+        const CollectiveFit fit = fit_collective_noisy(
             op, group_size, samples, fmt::format("{}: {} on {} ranks", source, collective_op_name(op), group_size));
         cluster.intra_node_collectives[op].push_back(fit);
         for (const CollectiveSample& sample : samples) {

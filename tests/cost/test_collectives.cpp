@@ -157,6 +157,28 @@ TEST(CollectiveFit, RecoversExactConstantsAndClampsNegativeLatency) {
   }, {"rows from a.csv:2", "all_reduce on 4 GPUs", "two different sizes"});
 }
 
+// A loaded host (ranks sharing cores): a preempted small message must not bend the fit to a
+// negative bandwidth (fit_collective throws there); times equal at every size fall back to
+// the largest size's bandwidth; clean samples give fit_collective's answer unchanged.
+TEST(CollectiveFit, NoisyHostSamplesAlwaysGiveAPositiveBandwidth) {
+  const std::vector<CollectiveSample> preempted = {{4096, 3e-3}, {256 * 1024, 2e-3}, {4 << 20, 1e-3}};
+  expect_input_error([&] { fit_collective(CollectiveOp::all_reduce, 2, preempted, "t"); },
+                     {"time does not grow with size"});
+  const CollectiveFit capped = fit_collective_noisy(CollectiveOp::all_reduce, 2, preempted, "t");
+  EXPECT_GT(capped.bus_bw_bytes_per_s, 0.0);
+  EXPECT_GE(capped.latency_s, 0.0);
+  const std::vector<CollectiveSample> flat = {{4 << 20, 2e-3}, {4096, 5e-3}, {256 * 1024, 2e-3}};
+  const CollectiveFit fallback = fit_collective_noisy(CollectiveOp::all_gather, 4, flat, "t");
+  EXPECT_EQ(fallback.latency_s, 0.0);
+  EXPECT_DOUBLE_EQ(fallback.bus_bw_bytes_per_s, (4 << 20) * bus_bandwidth_factor(CollectiveOp::all_gather, 4) / 2e-3);
+  std::vector<CollectiveSample> clean;
+  for (Bytes size = 4096; size <= (4 << 20); size *= 8) clean.push_back({size, 5e-6 + size / 4e9});
+  const CollectiveFit exact = fit_collective(CollectiveOp::all_to_all, 2, clean, "t");
+  const CollectiveFit same = fit_collective_noisy(CollectiveOp::all_to_all, 2, {clean.rbegin(), clean.rend()}, "t");
+  EXPECT_DOUBLE_EQ(same.latency_s, exact.latency_s);
+  EXPECT_DOUBLE_EQ(same.bus_bw_bytes_per_s, exact.bus_bw_bytes_per_s);
+}
+
 // ---- JSON and validation ----
 
 TEST(CollectiveJson, RoundTripAndOptional) {
