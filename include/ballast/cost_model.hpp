@@ -111,6 +111,9 @@ class AttentionTilePricing {
   double effective_pairs(Tokens tiles, std::span<const AttentionBlock> blocks, Pass pass) const;
   /// The best tile efficiency of the pass (every block is priced at or below it).
   double best_tile_efficiency(Pass pass) const;
+  /// The best tile efficiency of the pass at any equivalent causal length <= `length`: a
+  /// block of a document of at most `length` tokens is priced at or below it.
+  double best_tile_efficiency_up_to(double length, Pass pass) const;
 
  private:
   /// One pass's curve in the form the fast path reads.
@@ -166,6 +169,15 @@ class CostModel {
   /// heads. attention_time_s(blocks, d, p) * d >= attention_pair_floor_s(sum pairs, p),
   /// and likewise for attention_call_time_s and the call's pairs.
   virtual Seconds attention_pair_floor_s(double pairs, Pass pass) const = 0;
+  /// A floor no scheme beats for ONE document of `length` tokens padded to at most
+  /// `padded_length` (>= length): the sum over any blocks that cover its causal triangle
+  /// of attention_time_s(blocks, d, pass) * d is >= this. Default (and on a packed cluster,
+  /// where a document sharing a kernel call with a longer one may run at that one's
+  /// efficiency): attention_pair_floor_s(causal pairs of `length`). The analytical family
+  /// on an unpacked cluster prices the pairs at the best tile efficiency of lengths up to
+  /// `padded_length` (every block of the document is at most that long), so short
+  /// documents, which FlashAttention runs far below its peak, count at their own curve.
+  virtual Seconds attention_document_floor_s(Tokens length, Tokens padded_length, Pass pass) const;
   /// QKV/O projections and MLP over `tokens` tokens; exactly proportional to tokens.
   virtual Seconds linear_time_s(Tokens tokens, Pass pass) const = 0;
   /// Fixed cost per rank per micro-batch (FlexSP's b1); 0 in the analytical family.
@@ -246,6 +258,7 @@ class AnalyticalCostModel final : public CostModel {
   Seconds attention_call_time_s(const PackedAttentionCall& call, int head_split,
                                 Pass pass) const override;
   Seconds attention_pair_floor_s(double pairs, Pass pass) const override;
+  Seconds attention_document_floor_s(Tokens length, Tokens padded_length, Pass pass) const override;
   Seconds linear_time_s(Tokens tokens, Pass pass) const override;
 
  private:

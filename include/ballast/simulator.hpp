@@ -57,6 +57,13 @@ struct LowerBound {
   Seconds overhead_s = 0;          ///< memory-forced micro-batches * per-micro-batch overhead
   Seconds gradient_sync_s = 0;     ///< the part of the gradient sync no schedule hides
   std::int64_t min_micro_batches = 1;  ///< ceil(total tokens / (ranks * token capacity))
+  /// The longest sequence's attention on the best group for it: over every scheme and
+  /// group size, its compute shared by the members plus the communication the scheme's
+  /// dependencies cannot overlap with it (docs/simulator.md section 7); 0 for an empty batch.
+  Seconds longest_sequence_s = 0;
+  /// With GradientSync::overlap, all the gradient buckets back to back (the simulator runs
+  /// them one after another); 0 otherwise or for an empty batch.
+  Seconds gradient_buckets_s = 0;
   std::string binding;             ///< which term dominates, in words
 };
 
@@ -65,8 +72,9 @@ inline double gap_to_lower_bound(Seconds step_s, Seconds lower_bound_s) {
   return lower_bound_s > 0 ? step_s / lower_bound_s - 1.0 : 0.0;
 }
 
-/// max(compute / ranks, ...) + overheads (with TP, the TP collectives' latency per
-/// rank-micro-batch too) + the gradient sync that no schedule hides (all
+/// max(compute / ranks, ..., the longest sequence's best group time) + overheads (with TP,
+/// the TP collectives' latency per rank-micro-batch too) + the gradient sync that no
+/// schedule hides (all
 /// of it with GradientSync::end; its last bucket, which waits for the end of the last
 /// backward pass, with overlap); no plan beats it.
 LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost,

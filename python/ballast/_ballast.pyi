@@ -165,6 +165,8 @@ class LowerBound:
     overhead_s: float
     gradient_sync_s: float
     min_micro_batches: int
+    longest_sequence_s: float
+    gradient_buckets_s: float
     binding: str
 
 class RankTimes:

@@ -149,6 +149,18 @@ double AttentionTilePricing::effective_pairs(Tokens tiles, std::span<const Atten
 
 double AttentionTilePricing::best_tile_efficiency(Pass pass) const { return table(pass).best; }
 
+double AttentionTilePricing::best_tile_efficiency_up_to(double length, Pass pass) const {
+  const Table& curve = table(pass);
+  if (curve.tokens.empty()) return curve.best;
+  // Linear in log(L) between points, clamped outside: the maximum over (0, length] is at
+  // a point inside it or at `length` itself.
+  double best = tile_efficiency(curve, length);
+  for (std::size_t i = 0; i < curve.tokens.size() && curve.tokens[i] <= length; ++i) {
+    best = std::max(best, curve.tile_efficiency[i]);
+  }
+  return std::min(best, curve.best);
+}
+
 AnalyticalCostModel::AnalyticalCostModel(Cluster cluster, Model model)
     : CostModel(std::move(cluster), std::move(model)), attention_pricing_(cluster_) {}
 
@@ -159,6 +171,17 @@ Seconds AnalyticalCostModel::attention_pair_floor_s(double pairs, Pass pass) con
       kAttentionFlopsPerPairPerHeadDim * model_.head_dim() * model_.heads;
   return model_.layers * pairs * flops_per_pair * attention_pass_factor(pass) /
          (cluster_.peak_flops_per_s * attention_pricing_.best_tile_efficiency(pass));
+}
+
+Seconds AnalyticalCostModel::attention_document_floor_s(Tokens length, Tokens padded_length,
+                                                        Pass pass) const {
+  const double pairs = static_cast<double>(causal_pairs(whole_document(length)));
+  if (cluster_.attention_tiles_packed || length <= 0) return attention_pair_floor_s(pairs, pass);
+  // Every block of the (padded) document has an equivalent causal length <= padded_length
+  // and is priced at tile work (>= its pairs) x best / its efficiency.
+  const double efficiency = attention_pricing_.best_tile_efficiency_up_to(
+      static_cast<double>(std::max(length, padded_length)), pass);
+  return attention_pair_floor_s(pairs, pass) * (attention_pricing_.best_tile_efficiency(pass) / efficiency);
 }
 
 Seconds AnalyticalCostModel::attention_time_s(std::span<const AttentionBlock> blocks,

@@ -74,6 +74,10 @@ Seconds CostModel::collective_time_s(CollectiveOp op, int gpus, Bytes bytes) con
          static_cast<double>(bytes) * bus_bandwidth_factor(op, gpus) / fit.bus_bw_bytes_per_s;
 }
 
+Seconds CostModel::attention_document_floor_s(Tokens length, Tokens /*padded_length*/, Pass pass) const {
+  return attention_pair_floor_s(static_cast<double>(causal_pairs(whole_document(length))), pass);
+}
+
 Seconds CostModel::micro_batch_overhead_s(Pass /*pass*/) const { return 0.0; }
 
 namespace {

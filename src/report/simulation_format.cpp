@@ -22,6 +22,8 @@ nlohmann::ordered_json report_to_json(const SimulationReport& report) {
                          {"overhead_s", report.lower_bound.overhead_s},
                          {"gradient_sync_s", report.lower_bound.gradient_sync_s},
                          {"min_micro_batches", report.lower_bound.min_micro_batches},
+                         {"longest_sequence_s", report.lower_bound.longest_sequence_s},
+                         {"gradient_buckets_s", report.lower_bound.gradient_buckets_s},
                          {"binding", report.lower_bound.binding}};
   json["imbalance"] = report.imbalance;
   json["exposed_comm_fraction"] = report.exposed_communication_fraction;

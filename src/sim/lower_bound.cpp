@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "ballast/error.hpp"
 #include "ballast/simulator.hpp"
@@ -20,20 +22,103 @@ Seconds tensor_parallel_bandwidth_s(Tokens tokens, const CostModel& cost) {
   return cost.tensor_parallel_time_s(tokens) - cost.tensor_parallel_latency_s();
 }
 
-/// Linear layers (with their TP collectives' bandwidth time) plus attention at its pair
-/// floor, forward (twice under full recomputation) and backward, all sequences.
+/// The most tokens validate() lets a plan pad a sequence by on this cluster: 2 x group
+/// size in ring and all-gather groups, under kMaxPadMultipleTokens in Ulysses and local ones.
+Tokens padded_length_tokens(Tokens length, int ranks) {
+  return length + std::max<Tokens>(2 * static_cast<Tokens>(ranks), kMaxPadMultipleTokens);
+}
+
+/// One sequence's attention, every pass (the forward twice under full recomputation), at
+/// the document floor: what any group pays for it in all, shared by its members.
+Seconds attention_floor_s(Tokens length, const CostModel& cost) {
+  const Tokens padded = padded_length_tokens(length, cost.cluster().ranks());
+  return cost.model().forward_passes() * cost.attention_document_floor_s(length, padded, Pass::forward) +
+         cost.attention_document_floor_s(length, padded, Pass::backward);
+}
+
+/// Linear layers (with their TP collectives' bandwidth time) plus attention at its
+/// document floor, forward (twice under full recomputation) and backward, all sequences.
 Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
   const double forward_passes = cost.model().forward_passes();
   Seconds total_s = 0;
   for (Tokens length : lengths_tokens) {
-    const double pairs = static_cast<double>(length) * static_cast<double>(length + 1) / 2.0;
     total_s += tensor_parallel_bandwidth_s(length, cost) +
-               forward_passes * (cost.linear_time_s(length, Pass::forward) +
-                                 cost.attention_pair_floor_s(pairs, Pass::forward)) +
-               cost.linear_time_s(length, Pass::backward) +
-               cost.attention_pair_floor_s(pairs, Pass::backward);
+               forward_passes * cost.linear_time_s(length, Pass::forward) +
+               cost.linear_time_s(length, Pass::backward) + attention_floor_s(length, cost);
   }
   return total_s;
+}
+
+/// The fastest a GPU (a rank) can receive, over any link the simulator models: the best of
+/// NVLink point-to-point and every node-local collective's bus bandwidth, plus its NIC
+/// (a routed transfer arrives over both at once).
+double fastest_receive_bytes_per_s(const Cluster& cluster) {
+  double nvlink = std::max(cluster.intra_node_p2p_bw_bytes_per_s, cluster.intra_node_bus_bw_bytes_per_s);
+  for (const auto& [op, fits] : cluster.intra_node_collectives) {
+    for (const CollectiveFit& fit : fits) nvlink = std::max(nvlink, fit.bus_bw_bytes_per_s);
+  }
+  return nvlink + cluster.nic_bw_bytes_per_s;
+}
+
+/// A time no group of any scheme or size runs the sequence in (docs/simulator.md section 7):
+/// the minimum over group sizes g (members hold >= length / g tokens, within the token
+/// capacity) of
+///   local (g = 1):         A
+///   ring, all-gather:      max(A / g, (g - 1) / g x KV bytes x (forward passes + 2) / B)
+///   Ulysses (g | heads/N): A / g + all-to-all floor (in: QKV / dO, out: O / dQKV, every pass)
+/// with A the attention floor of all passes and B the fastest receive bandwidth.
+Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
+  if (length <= 0) return 0.0;
+  const Model& model = cost.model();
+  const Cluster& cluster = cost.cluster();
+  const int ranks = cluster.ranks();
+  const Tokens capacity = cost.token_capacity_per_rank();
+  const Seconds attention_s = attention_floor_s(length, cost);
+  const double bandwidth = fastest_receive_bytes_per_s(cluster);
+  const double layers = model.layers;
+  const double forward_passes = model.forward_passes();
+  const double length_tokens = static_cast<double>(length);
+  // Ulysses needs g to divide each TP member's heads (also with KV heads replicated).
+  const int heads_per_rank = model.heads / std::max(1, cluster.tensor_parallel.gpus);
+  // Per member and pass, the all-to-alls' bytes per token of the group: forward QKV in and
+  // O out, backward dO in and dQKV out.
+  const double ulysses_bytes_per_token =
+      forward_passes * static_cast<double>(model.qkv_bytes_per_token() + model.hidden_bytes_per_token()) +
+      static_cast<double>(model.hidden_bytes_per_token() + model.qkv_bytes_per_token());
+  Seconds best_s = length <= capacity ? attention_s : INFINITY;
+  std::vector<int> members;
+  std::vector<Bytes> member_bytes;
+  for (int g = 2; g <= ranks; ++g) {
+    if (ceil_div(length, static_cast<Tokens>(g)) > capacity) continue;
+    const double share = (g - 1.0) / g;
+    // Ring and all-gather: each member receives the other members' KV (the forward pass,
+    // rerun under recomputation; the backward pass's KV and dKV, or gather + reduce-scatter),
+    // and shares the compute; compute and transfers may overlap.
+    const Seconds kv_s = layers * share * length_tokens * static_cast<double>(model.kv_bytes_per_token()) *
+                         (forward_passes + 2.0) / bandwidth;
+    best_s = std::min(best_s, std::max(attention_s / g, kv_s));
+    if (heads_per_rank % g != 0) continue;
+    // Ulysses: the all-to-alls come before and after the attention (no overlap). Each
+    // member receives (g - 1) / g of its share of the group's bytes; the cost model's own
+    // all-to-all on g consecutive ranks when that is cheaper (a cost model whose
+    // all-to-all does not depend on placement, as the profiled one).
+    const double received_bytes = layers * share * length_tokens / g * ulysses_bytes_per_token;
+    Seconds all_to_all_s = received_bytes / bandwidth;
+    members.resize(static_cast<std::size_t>(g));
+    member_bytes.assign(static_cast<std::size_t>(g), 0);
+    for (int i = 0; i < g; ++i) members[i] = i;
+    const auto placed_s = [&](Bytes bytes_per_token, Pass /*pass*/) {
+      for (int i = 0; i < g; ++i) member_bytes[i] = ceil_div(length, static_cast<Tokens>(g)) * bytes_per_token;
+      return cost.all_to_all_time_s(members, member_bytes);
+    };
+    const Seconds placed_total_s =
+        forward_passes * (placed_s(model.qkv_bytes_per_token(), Pass::forward) +
+                          placed_s(model.hidden_bytes_per_token(), Pass::forward)) +
+        placed_s(model.hidden_bytes_per_token(), Pass::backward) + placed_s(model.qkv_bytes_per_token(), Pass::backward);
+    all_to_all_s = std::min(all_to_all_s, placed_total_s);
+    best_s = std::min(best_s, attention_s / g + all_to_all_s);
+  }
+  return std::isfinite(best_s) ? best_s : 0.0;
 }
 
 }  // namespace
@@ -90,12 +175,28 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
       cost.linear_time_s(fullest_tokens, Pass::backward) +
       tensor_parallel_bandwidth_s(fullest_tokens, cost) +
       static_cast<double>(bound.min_micro_batches) * cost.tensor_parallel_latency_s();
-  if (spread_s >= fullest_s) {
+  Tokens longest = 0;
+  for (Tokens length : lengths_tokens) longest = std::max(longest, length);
+  // Monotone in the length, so the longest sequence's floor is the largest.
+  bound.longest_sequence_s = longest_sequence_floor_s(longest, cost);
+  if (bound.longest_sequence_s > std::max(spread_s, fullest_s)) {
+    bound.binding = fmt::format("the longest sequence ({} tokens) on its best group", longest);
+  } else if (spread_s >= fullest_s) {
     bound.binding = fmt::format("compute spread over {} ranks", ranks);
   } else {
     bound.binding = "memory-forced micro-batches";
   }
-  bound.time_s = std::max(spread_s, fullest_s) + bound.gradient_sync_s;
+  bound.time_s = std::max({spread_s, fullest_s, bound.longest_sequence_s}) + bound.gradient_sync_s;
+  // Overlapped, the buckets still run one after another (each waits for the previous), so
+  // the step holds all of them: what binds when little compute is left to hide them under.
+  if (gradient_sync == GradientSync::overlap && total_tokens > 0) {
+    const int buckets = gradient_sync_buckets(cost.model());
+    bound.gradient_buckets_s = buckets * cost.gradient_bucket_sync_time_s(buckets);
+    if (bound.gradient_buckets_s > bound.time_s) {
+      bound.time_s = bound.gradient_buckets_s;
+      bound.binding = fmt::format("the gradient sync's {} buckets, one after another", buckets);
+    }
+  }
   return bound;
 }
 

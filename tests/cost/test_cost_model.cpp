@@ -176,6 +176,56 @@ TEST(AttentionFloor, HoldsOnRandomBlocksAndHeadSplitsForBothFamilies) {
   }
 }
 
+// The document floor (the lower bound's per-sequence attention): any cover of a document's
+// causal triangle by blocks (whole, zigzag ring chunks, row strips), heads split d ways,
+// costs at least it; on the h100 preset's FlashAttention-3 curves it is above the pair
+// floor for short documents (their own efficiency) and equal to it at the curve's best; on
+// a packed cluster, where a short document may share a call with a long one, it is the
+// pair floor.
+TEST(AttentionFloor, DocumentFloorHoldsOnEveryCoverOfTheDocument) {
+  std::mt19937_64 rng(29);
+  const Model model = model_preset("llama-7b");
+  const auto h100 = make_cost_model(load_cost_model_spec("analytical"), cluster_preset("h100"), model);
+  Cluster packed_cluster = cluster_preset("h100");
+  packed_cluster.attention_tiles_packed = true;
+  const auto packed = make_cost_model(load_cost_model_spec("analytical"), packed_cluster, model);
+  for (int trial = 0; trial < 300; ++trial) {
+    const Tokens length = 1 + static_cast<Tokens>(std::exp(std::uniform_real_distribution<double>(0, 12)(rng)));
+    const Tokens padded = length + static_cast<Tokens>(rng() % 64);
+    const int g = 1 + static_cast<int>(rng() % 8);
+    // Zigzag: 2g chunks of the padded document, member i holding chunks i and 2g - 1 - i.
+    std::vector<std::pair<Tokens, Tokens>> chunks;
+    for (int c = 0; c < 2 * g; ++c) chunks.push_back({padded * c / (2 * g), padded * (c + 1) / (2 * g)});
+    std::vector<AttentionBlock> ring, strips;
+    for (const auto& [qb, qe] : chunks) {
+      for (const auto& [kb, ke] : chunks) {
+        const AttentionBlock block{qb, qe, kb, ke};
+        if (causal_pairs(block) > 0) ring.push_back(block);
+      }
+      strips.push_back({qb, qe, 0, qe});
+    }
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      const double pair_floor = h100->attention_pair_floor_s(static_cast<double>(causal_pairs(whole_document(length))), pass);
+      const double floor = h100->attention_document_floor_s(length, padded, pass);
+      ASSERT_GE(floor, pair_floor * (1 - 1e-12)) << length;
+      for (int split : {1, 2, 8}) {
+        const AttentionBlock whole = whole_document(padded);
+        for (const std::vector<AttentionBlock>& cover : {std::vector<AttentionBlock>{whole}, ring, strips}) {
+          double time = 0;
+          for (const AttentionBlock& block : cover) time += h100->attention_time_s({&block, 1}, split, pass) * split;
+          ASSERT_GE(time, floor * (1 - 1e-12)) << "length " << length << " padded " << padded << " split " << split;
+          ASSERT_GE(h100->attention_time_s(cover, split, pass) * split, floor * (1 - 1e-12));
+        }
+      }
+      EXPECT_DOUBLE_EQ(packed->attention_document_floor_s(length, padded, pass),
+                       packed->attention_pair_floor_s(static_cast<double>(causal_pairs(whole_document(length))), pass));
+    }
+  }
+  // A 512-token document runs at FA3's 512-token efficiency, far below its 16K best.
+  EXPECT_GT(h100->attention_document_floor_s(512, 512, Pass::forward),
+            1.5 * h100->attention_pair_floor_s(static_cast<double>(causal_pairs(whole_document(512))), Pass::forward));
+}
+
 TEST(AnalyticalLinear, RooflineAndPasses) {
   const Cluster cluster = cluster_preset("h100");
   const Model model = model_preset("llama-7b");
