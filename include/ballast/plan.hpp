@@ -120,15 +120,44 @@ std::vector<Plan> read_plan_file(const std::string& path);
 /// queues[r] for every rank: the explicit queues, or the default index order.
 std::vector<std::vector<int>> effective_queues(const MicroBatch& micro_batch, int ranks);
 
+// ---- Ulysses head sharding (docs/plan-format.md, "Ulysses degrees") ----
+// A rank is a TP group of N GPUs (cluster.tensor_parallel.gpus); each TP GPU holds h =
+// heads / N query heads and k = kv_heads / N KV heads, and a Ulysses group of d ranks
+// splits every TP GPU's heads d ways. Member m computes query heads [m h/d, (m+1) h/d):
+// when d <= k it also holds their k/d KV heads; when d > k its query heads all read KV
+// head m / (d/k), which d/k members hold (KV replication, as DeepSpeed-Ulysses and USP do
+// for GQA): its K, V travel to each of them and their dK, dV are summed back.
+
+/// Whether a Ulysses group of `degree` ranks can shard `model`'s heads at tensor
+/// parallelism `tensor_parallel`: degree divides h and (k % degree == 0 or
+/// degree % k == 0). False for degree < 1 or an N that does not divide heads and KV heads.
+/// The one rule behind validate() and every planner that may replicate KV heads (the
+/// baselines keep their published cap, degree dividing k: strategies/builders.hpp).
+bool ulysses_degree_allowed(const Model& model, int tensor_parallel, int degree);
+/// The degrees in [1, max_degree] that ulysses_degree_allowed() accepts, ascending (1
+/// always, when N is valid).
+std::vector<int> allowed_ulysses_degrees(const Model& model, int tensor_parallel, int max_degree);
+/// Members of a Ulysses group of `degree` that hold each KV head: degree / k when
+/// degree > k (rounded up for a degree the rule rejects), else 1.
+int ulysses_kv_replication(const Model& model, int tensor_parallel, int degree);
+/// Bytes per token of a member's tokens that the QKV all-to-all of a Ulysses group of
+/// `degree` ranks carries, all TP GPUs of the rank together, and the same for the dQ,
+/// dK, dV all-to-all back: (hidden + 2 kv_dim x ulysses_kv_replication()) x
+/// bytes_per_element, qkv_bytes_per_token() when degree <= k. The member sends 1/degree
+/// of it to each member (itself included).
+Bytes ulysses_qkv_bytes_per_token(const Model& model, int tensor_parallel, int degree);
+
 /// One layer's transient attention buffer on each member of a group of `group_ranks`
-/// ranks, in bytes: local 0; ring 2 * kv_bytes_per_token * largest_member_tokens (the KV
-/// block in use plus the one in flight, sized for the largest member's block);
-/// all_gather kv_bytes_per_token * group_tokens (the whole group's KV); ulysses
-/// qkv_bytes_per_token * ceil(group_tokens / group_ranks) (the group's QKV for this
-/// member's heads after the all-to-all). Saturates at the largest Bytes value. The one
-/// rule behind peak_memory_bytes_per_rank() and the planners' per-scheme capacities.
-Bytes attention_buffer_bytes(const Model& model, Scheme scheme, int group_ranks,
-                             Tokens largest_member_tokens, Tokens group_tokens);
+/// ranks (TP groups of `tensor_parallel` GPUs), in bytes: local 0; ring 2 *
+/// kv_bytes_per_token * largest_member_tokens (the KV block in use plus the one in
+/// flight, sized for the largest member's block); all_gather kv_bytes_per_token *
+/// group_tokens (the whole group's KV); ulysses ulysses_qkv_bytes_per_token(group_ranks) *
+/// ceil(group_tokens / group_ranks) (the group's Q for this member's heads and K, V of
+/// the KV heads they read, replicated ones included, after the all-to-all). Saturates at
+/// the largest Bytes value. The one rule behind peak_memory_bytes_per_rank() and the
+/// planners' per-scheme capacities.
+Bytes attention_buffer_bytes(const Model& model, int tensor_parallel, Scheme scheme,
+                             int group_ranks, Tokens largest_member_tokens, Tokens group_tokens);
 
 /// Peak memory of each rank over the micro-batches: model states + activation bytes per
 /// token * max(attention tokens, linear tokens) + the largest attention_buffer_bytes() of
@@ -151,8 +180,8 @@ struct ValidationResult {
 /// cluster (its tensor parallelism first) and model match the cost model's; the TP degree N
 /// divides heads and KV heads; its size within limits.hpp (sequences,
 /// micro-batches, micro-batches x GPUs, chunks + linear slices); rank indices in range and
-/// distinct per group; every group non-empty with a known scheme (local: one rank; ulysses: size
-/// x N divides kv_heads); routing_proxies in [1, gpus_per_node] and routing_chunks in
+/// distinct per group; every group non-empty with a known scheme (local: one rank; ulysses:
+/// ulysses_degree_allowed(size)); routing_proxies in [1, gpus_per_node] and routing_chunks in
 /// [1, kMaxRoutingChunks], and every proxy GPU of a routed ring hop a member of the ring
 /// (plan_layout.hpp's routing rule); every sequence appears in exactly one group of one
 /// micro-batch and its chunks cover [0, padded length) exactly once, with padded length

@@ -1,7 +1,7 @@
 // Tensor parallelism (Megatron-LM with sequence parallelism) as the planners see it: a
 // cluster whose ranks are TP groups of N GPUs of one node (docs/cost-model.md, "Tensor
-// parallelism"), the TP degrees a cluster and model allow, and the KV heads that limit a
-// Ulysses degree on such a cluster.
+// parallelism"), the TP degrees a cluster and model allow, and the KV heads that limit the
+// baselines' Ulysses degree on such a cluster.
 #pragma once
 
 #include <vector>
@@ -29,8 +29,9 @@ std::vector<int> valid_tensor_parallel_degrees(const Cluster& gpus, const Model&
 Cluster tensor_parallel_units(const Cluster& gpus, const Model& model, int tensor_parallel);
 
 /// The KV heads each rank's GPUs hold between them per head group: model.kv_heads /
-/// cluster.tensor_parallel.gpus. A Ulysses group of d ranks (d x N GPUs) splits them d
-/// ways, so d must divide this (d x N divides the KV heads).
+/// cluster.tensor_parallel.gpus. The baseline strategies (DeepSpeed-Ulysses, FlexSP)
+/// split them d ways in a Ulysses group of d ranks, so their d divides this; a plan may
+/// also use a multiple of it, replicating KV heads (plan.hpp's ulysses_degree_allowed).
 int ulysses_kv_heads(const Model& model, const Cluster& cluster);
 
 }  // namespace ballast

@@ -1,5 +1,5 @@
 // tensor_parallel_units(): the cluster of TP groups the planners, the cost model and the
-// simulator work on; the valid TP degrees; the KV heads a Ulysses degree must divide.
+// simulator work on; the valid TP degrees; the KV heads a baseline's Ulysses degree divides.
 #include "ballast/tensor_parallel.hpp"
 
 #include <fmt/format.h>

@@ -32,7 +32,7 @@ std::vector<std::pair<int, Tokens>> tokens_per_member(const AttentionGroup& grou
 }
 
 /// One layer's attention buffer on each member of the group.
-Bytes group_transient_bytes(const AttentionGroup& group, const Model& model) {
+Bytes group_transient_bytes(const AttentionGroup& group, const Model& model, int tensor_parallel) {
   if (group.scheme == Scheme::local || group.ranks.empty()) return 0;
   Tokens group_tokens = 0;
   Tokens largest_member_tokens = 0;
@@ -40,8 +40,9 @@ Bytes group_transient_bytes(const AttentionGroup& group, const Model& model) {
     group_tokens += tokens;
     largest_member_tokens = std::max(largest_member_tokens, tokens);
   }
-  return attention_buffer_bytes(model, group.scheme, static_cast<int>(group.ranks.size()),
-                                largest_member_tokens, group_tokens);
+  return attention_buffer_bytes(model, tensor_parallel, group.scheme,
+                                static_cast<int>(group.ranks.size()), largest_member_tokens,
+                                group_tokens);
 }
 
 struct MicroBatchUsage {
@@ -50,7 +51,8 @@ struct MicroBatchUsage {
   std::vector<Bytes> transient_bytes;
 };
 
-MicroBatchUsage micro_batch_usage(const MicroBatch& micro_batch, const Model& model, int ranks) {
+MicroBatchUsage micro_batch_usage(const MicroBatch& micro_batch, const Model& model,
+                                  int tensor_parallel, int ranks) {
   const auto count = static_cast<std::size_t>(ranks);
   MicroBatchUsage usage{std::vector<Tokens>(count, 0), std::vector<Tokens>(count, 0),
                         std::vector<Bytes>(count, 0)};
@@ -60,7 +62,7 @@ MicroBatchUsage micro_batch_usage(const MicroBatch& micro_batch, const Model& mo
         if (in_range(chunk.rank, ranks)) usage.attention_tokens[chunk.rank] += chunk.size();
       }
     }
-    const Bytes transient = group_transient_bytes(group, model);
+    const Bytes transient = group_transient_bytes(group, model, tensor_parallel);
     for (int rank : group.ranks) {
       if (in_range(rank, ranks)) {
         usage.transient_bytes[rank] = std::max(usage.transient_bytes[rank], transient);
@@ -88,7 +90,8 @@ std::vector<RankPeak> rank_peaks(const Plan& plan, const CostModel& cost) {
   std::vector<RankPeak> peaks(static_cast<std::size_t>(std::max(ranks, 0)));
   for (auto& peak : peaks) peak.peak_bytes = model_states;
   for (std::size_t index = 0; index < plan.micro_batches.size(); ++index) {
-    const auto usage = micro_batch_usage(plan.micro_batches[index], cost.model(), ranks);
+    const auto usage = micro_batch_usage(plan.micro_batches[index], cost.model(),
+                                         plan.cluster.tensor_parallel.gpus, ranks);
     for (std::size_t rank = 0; rank < peaks.size(); ++rank) {
       const Tokens tokens = std::max(usage.attention_tokens[rank], usage.linear_tokens[rank]);
       const Bytes transient = usage.transient_bytes[rank];
@@ -105,8 +108,8 @@ std::vector<RankPeak> rank_peaks(const Plan& plan, const CostModel& cost) {
 
 }  // namespace plan_detail
 
-Bytes attention_buffer_bytes(const Model& model, Scheme scheme, int group_ranks,
-                             Tokens largest_member_tokens, Tokens group_tokens) {
+Bytes attention_buffer_bytes(const Model& model, int tensor_parallel, Scheme scheme,
+                             int group_ranks, Tokens largest_member_tokens, Tokens group_tokens) {
   switch (scheme) {
     case Scheme::local:
       return 0;
@@ -114,8 +117,10 @@ Bytes attention_buffer_bytes(const Model& model, Scheme scheme, int group_ranks,
       return saturating_multiply(2 * model.kv_bytes_per_token(), largest_member_tokens);
     case Scheme::all_gather:  // the whole group's KV
       return saturating_multiply(model.kv_bytes_per_token(), group_tokens);
-    case Scheme::ulysses:  // the full sequence's QKV for this rank's heads
-      return saturating_multiply(model.qkv_bytes_per_token(), ceil_div(group_tokens, group_ranks));
+    case Scheme::ulysses:  // the full sequence's QKV for this rank's heads (KV replicated)
+      return saturating_multiply(
+          ulysses_qkv_bytes_per_token(model, tensor_parallel, group_ranks),
+          ceil_div(group_tokens, group_ranks));
   }
   return 0;
 }

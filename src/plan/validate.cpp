@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ballast/error.hpp"
 #include "ballast/plan.hpp"
@@ -224,25 +225,21 @@ Violation check_tensor_parallel_heads(const Plan& plan) {
 }
 
 /// A Ulysses group of `degree` ranks, each a TP group of `tp` GPUs, splits every TP GPU's
-/// heads `degree` ways: degree x tp must divide the KV heads and the heads.
+/// heads `degree` ways (plan.hpp's ulysses_degree_allowed): the message names the group,
+/// the heads per TP GPU and the degrees it could use instead.
 Violation check_ulysses_degree(const std::string& label, int degree, const Model& model, int tp) {
-  if (tp > 1 && model.kv_heads % (degree * tp) != 0) {
-    return fmt::format(
-        "{}: Ulysses degree {} at tensor parallelism {} splits the model's {} KV heads {} "
-        "ways, which does not divide them; use a degree d with d x {} dividing {}",
-        label, degree, tp, model.kv_heads, degree * tp, tp, model.kv_heads);
-  }
-  if (model.kv_heads % degree != 0) {
-    return fmt::format(
-        "{}: Ulysses degree {} does not divide the model's {} KV heads (with GQA "
-        "the KV heads limit the degree); use a degree that divides {}",
-        label, degree, model.kv_heads, model.kv_heads);
-  }
-  if (model.heads % degree != 0) {
-    return fmt::format("{}: Ulysses degree {} does not divide the model's {} attention heads",
-                       label, degree, model.heads);
-  }
-  return std::nullopt;
+  if (ulysses_degree_allowed(model, tp, degree)) return std::nullopt;
+  const int heads = model.heads / tp;
+  const int kv_heads = model.kv_heads / tp;
+  const std::string per_gpu =
+      tp == 1 ? fmt::format("the model's {} heads and {} KV heads", heads, kv_heads)
+              : fmt::format("the {} heads and {} KV heads of each GPU at tensor parallelism {}",
+                            heads, kv_heads, tp);
+  return fmt::format(
+      "{}: Ulysses degree {} cannot shard {}: the degree must divide the heads and either "
+      "divide the KV heads or be a multiple of them (KV heads replicated); use one of the "
+      "degrees {} (or another scheme for this group)",
+      label, degree, per_gpu, fmt::join(allowed_ulysses_degrees(model, tp, heads), ", "));
 }
 
 Violation check_group_shape(const std::string& label, const AttentionGroup& group,

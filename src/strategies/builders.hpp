@@ -117,7 +117,8 @@ Scheme scheme_at_degree(Scheme scheme, int degree);
 /// Largest token count per rank that fits validate()'s memory check for a group of
 /// `degree` ranks with this scheme (equal tokens on every member): memory limit - model
 /// states >= activation * c + transient(c). 0 when nothing fits.
-/// local: transient 0; ring: 2 * kv * c; all_gather: kv * degree * c; ulysses: qkv * c.
+/// local: transient 0; ring: 2 * kv * c; all_gather: kv * degree * c; ulysses: qkv * c
+/// (with KV heads replicated beyond k, ulysses_qkv_bytes_per_token() * c).
 Tokens usable_tokens_per_rank(const CostModel& cost, Scheme scheme, int degree);
 /// What a sequence occupies in a group: the zigzag-padded length for ring / all_gather
 /// (degree > 1), else its length.
@@ -125,7 +126,9 @@ Tokens footprint_tokens(Tokens length_tokens, Scheme scheme, int degree);
 
 // ---- degree selection ----
 /// Powers of two dividing the rank count (ulysses: also dividing ulysses_kv_heads(), the KV
-/// heads per GPU of a TP group), ascending.
+/// heads per GPU of a TP group), ascending. The baselines' cap as the published systems
+/// run them (DeepSpeed-Ulysses, FlexSP: no KV replication); plan.hpp's
+/// ulysses_degree_allowed() is the wider rule a plan may use.
 std::vector<int> allowed_degrees(const CostModel& cost, Scheme scheme);
 /// Whether a sequence fits one group of this degree.
 bool fits_group(Tokens length_tokens, const CostModel& cost, Scheme scheme, int degree);

@@ -24,7 +24,8 @@ Tokens usable_tokens_per_rank(const CostModel& cost, Scheme scheme, int degree) 
   // plan.hpp's one-layer attention buffer per token a member holds when every member of
   // the group holds the same count (one token each).
   const Bytes transient_bytes_per_token =
-      attention_buffer_bytes(cost.model(), effective, degree, 1, degree);
+      attention_buffer_bytes(cost.model(), cost.cluster().tensor_parallel.gpus, effective,
+                             degree, 1, degree);
   return free_bytes / (activation_bytes + transient_bytes_per_token);
 }
 
@@ -59,7 +60,8 @@ std::string join_ints(const std::vector<int>& values) {
   return fmt::format("{}", fmt::join(values, ", "));
 }
 
-/// What a Ulysses degree must divide: the KV heads per TP group's GPU (ulysses_kv_heads).
+/// What the baselines' Ulysses degree must divide: the KV heads per TP group's GPU
+/// (ulysses_kv_heads; they do not replicate KV heads).
 int ulysses_head_limit(const CostModel& cost) {
   return ulysses_kv_heads(cost.model(), cost.cluster());
 }

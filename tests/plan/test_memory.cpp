@@ -26,12 +26,23 @@ TEST(Memory, FixtureConstants) {
 
 TEST(Memory, AttentionBufferPerSchemeByHand) {
   const Model model = testing::small_model();  // 2,048 KV and 4,096 QKV bytes per token
-  EXPECT_EQ(attention_buffer_bytes(model, Scheme::local, 1, 10, 10), 0);
-  EXPECT_EQ(attention_buffer_bytes(model, Scheme::ring, 4, 10, 30), 2 * 2048 * 10);
-  EXPECT_EQ(attention_buffer_bytes(model, Scheme::all_gather, 4, 10, 30), 2048 * 30);
-  EXPECT_EQ(attention_buffer_bytes(model, Scheme::ulysses, 4, 10, 30), 4096 * 8);  // ceil(30/4)
-  EXPECT_EQ(attention_buffer_bytes(model, Scheme::ring, 2, std::numeric_limits<Tokens>::max(), 1),
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::local, 1, 10, 10), 0);
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::ring, 4, 10, 30), 2 * 2048 * 10);
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::all_gather, 4, 10, 30), 2048 * 30);
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::ulysses, 4, 10, 30), 4096 * 8);  // ceil(30/4)
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::ring, 2, std::numeric_limits<Tokens>::max(), 1),
             std::numeric_limits<Bytes>::max());
+}
+
+TEST(Memory, UlyssesBeyondTheKvHeadsHoldsReplicatedKv) {
+  const Model model = testing::small_model();  // 8 heads, 4 KV heads: Q 2,048, KV 2,048 B
+  // Degree 8: each member holds 1 query head (256 B per token) and a whole KV head (K and
+  // V, 512 B) of every group token: 768 B = 6,144 / 8 per token, sized as the rule does
+  // for ceil(30 / 8) = 4 tokens per member: 6,144 x 4 (not 4,096 x 4).
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::ulysses, 8, 4, 30), 6144 * 4);
+  // TP 2 leaves 4 heads and 2 KV heads per GPU: degree 4 replicates them twice too.
+  EXPECT_EQ(attention_buffer_bytes(model, 2, Scheme::ulysses, 4, 10, 30), 6144 * 8);
+  EXPECT_EQ(attention_buffer_bytes(model, 2, Scheme::ulysses, 2, 10, 30), 4096 * 15);
 }
 
 TEST(Memory, BasePlanByHand) {

@@ -96,18 +96,83 @@ TEST(Validate, LocalGroupWithTwoRanks) {
             "(ranks 0, 1)");
 }
 
-TEST(Validate, UlyssesDegreeMustDivideKvHeads) {
+TEST(Validate, UlyssesDegreeMustDivideTheHeads) {
   Plan plan = base_plan();
   plan.micro_batches[1].groups[1] = split_group(Scheme::ulysses, {4, 5, 6}, {{5, 6000}});
   EXPECT_EQ(violation(plan),
-            "micro-batch 1, group 1 (ulysses): Ulysses degree 3 does not divide the model's 4 "
-            "KV heads (with GQA the KV heads limit the degree); use a degree that divides 4");
-  // 8 divides the 8 query heads but not the 4 KV heads: GQA is the limit.
-  plan = base_plan();
-  plan.micro_batches[1].groups[1] =
-      split_group(Scheme::ulysses, {0, 1, 2, 3, 4, 5, 6, 7}, {{5, 6000}});
-  EXPECT_NE(violation(plan).find("Ulysses degree 8 does not divide the model's 4 KV heads"),
-            std::string::npos);
+            "micro-batch 1, group 1 (ulysses): Ulysses degree 3 cannot shard the model's 8 "
+            "heads and 4 KV heads: the degree must divide the heads and either divide the KV "
+            "heads or be a multiple of them (KV heads replicated); use one of the degrees 1, 2, "
+            "4, 8 (or another scheme for this group)");
+}
+
+TEST(Validate, UlyssesBeyondTheKvHeadsReplicatesThem) {
+  // 8 divides the 8 query heads and is a multiple of the 4 KV heads: each KV head is held
+  // by 2 members (DeepSpeed-Ulysses' and USP's GQA layout).
+  Plan plan = base_plan();
+  plan.sequence_lengths_tokens = {8000};
+  plan.micro_batches = {testing::micro_batch_of(
+      {split_group(Scheme::ulysses, {0, 1, 2, 3, 4, 5, 6, 7}, {{0, 8000}})})};
+  expect_valid(plan);
+}
+
+TEST(Validate, UlyssesDegreeNeitherDividingNorAMultipleOfTheKvHeadsIsRejected) {
+  // 12 heads, 4 KV heads: 6 divides the heads but 6 and 4 do not divide each other, so a
+  // member's 2 query heads would read parts of two KV heads.
+  Model model = testing::small_model();
+  model.heads = 12;
+  model.hidden = 1536;
+  const testing::FakeCostModel cost(testing::small_cluster(2, 4), model);
+  Plan plan = base_plan();
+  plan.model = model;
+  plan.sequence_lengths_tokens = {6000, 64, 64};
+  plan.micro_batches = {testing::micro_batch_of(
+      {split_group(Scheme::ulysses, {0, 1, 2, 3, 4, 5}, {{0, 6000}}), local_group(6, {{1, 64}}),
+       local_group(7, {{2, 64}})})};
+  const ValidationResult result = validate(plan, cost);
+  EXPECT_FALSE(result.ok);
+  EXPECT_EQ(result.message,
+            "micro-batch 0, group 0 (ulysses): Ulysses degree 6 cannot shard the model's 12 "
+            "heads and 4 KV heads: the degree must divide the heads and either divide the KV "
+            "heads or be a multiple of them (KV heads replicated); use one of the degrees 1, 2, "
+            "4, 12 (or another scheme for this group)");
+  // 3 divides 12 but neither divides 4 nor is a multiple of it; 4 = the KV heads is fine.
+  plan.micro_batches[0].groups[0] = split_group(Scheme::ulysses, {0, 1, 2}, {{0, 6000}});
+  EXPECT_FALSE(validate(plan, cost).ok);
+  plan.micro_batches[0].groups[0] = split_group(Scheme::ulysses, {0, 1, 2, 3}, {{0, 6000}});
+  EXPECT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+}
+
+TEST(UlyssesRule, DegreesByHand) {
+  Model model = testing::small_model();  // 8 heads, 4 KV heads
+  EXPECT_EQ(allowed_ulysses_degrees(model, 1, 64), (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_EQ(allowed_ulysses_degrees(model, 2, 64), (std::vector<int>{1, 2, 4}));  // h 4, k 2
+  EXPECT_EQ(allowed_ulysses_degrees(model, 4, 64), (std::vector<int>{1, 2}));     // h 2, k 1
+  EXPECT_EQ(allowed_ulysses_degrees(model, 1, 4), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(ulysses_kv_replication(model, 1, 4), 1);
+  EXPECT_EQ(ulysses_kv_replication(model, 1, 8), 2);
+  EXPECT_EQ(ulysses_kv_replication(model, 2, 4), 2);
+  EXPECT_EQ(ulysses_kv_replication(model, 4, 2), 2);
+  EXPECT_FALSE(ulysses_degree_allowed(model, 1, 0));
+  EXPECT_FALSE(ulysses_degree_allowed(model, 3, 1));  // 3 does not divide the heads
+  // 4,096 QKV bytes per token; at degree 8 each KV head (2,048 K and V bytes per token
+  // over the 4 heads) travels twice: 4,096 + 2,048.
+  EXPECT_EQ(ulysses_qkv_bytes_per_token(model, 1, 4), 4096);
+  EXPECT_EQ(ulysses_qkv_bytes_per_token(model, 1, 8), 6144);
+  EXPECT_EQ(ulysses_qkv_bytes_per_token(model, 4, 2), 6144);
+  // 40 heads, 40 KV heads (Llama-2-13B): every divisor of 40, powers of two or not.
+  model.heads = 40;
+  model.kv_heads = 40;
+  model.hidden = 5120;
+  EXPECT_EQ(allowed_ulysses_degrees(model, 1, 64), (std::vector<int>{1, 2, 4, 5, 8, 10, 20, 40}));
+  // 12 heads, 4 KV heads: 3 and 6 split a KV head's query heads across members.
+  model.heads = 12;
+  model.kv_heads = 4;
+  EXPECT_EQ(allowed_ulysses_degrees(model, 1, 64), (std::vector<int>{1, 2, 4, 12}));
+  // Multi-query attention (1 KV head): every divisor of the heads, each member holding it.
+  model.kv_heads = 1;
+  EXPECT_EQ(allowed_ulysses_degrees(model, 1, 64), (std::vector<int>{1, 2, 3, 4, 6, 12}));
+  EXPECT_EQ(ulysses_kv_replication(model, 1, 6), 6);
 }
 
 TEST(Validate, TensorParallelMustMatchTheCostModelAndLimitsUlysses) {
@@ -121,14 +186,19 @@ TEST(Validate, TensorParallelMustMatchTheCostModelAndLimitsUlysses) {
                                                  local_group(4, {{1, 1024}})})};
   const ValidationResult valid = validate(plan, cost);
   EXPECT_TRUE(valid.ok) << valid.message;
-  // Degree 4 x TP 2 = 8 does not divide 4 KV heads (degree 4 alone would).
+  // Degree 4 at TP 2 splits each GPU's 4 heads 4 ways, replicating its 2 KV heads twice.
   plan.micro_batches[0].groups[0] = split_group(Scheme::ulysses, {0, 1, 2, 3}, {{0, 4096}});
+  const ValidationResult replicated = validate(plan, cost);
+  EXPECT_TRUE(replicated.ok) << replicated.message;
+  // Degree 3 does not divide a GPU's 4 heads.
+  plan.micro_batches[0].groups[0] = split_group(Scheme::ulysses, {0, 1, 2}, {{0, 4096}});
   const ValidationResult ulysses = validate(plan, cost);
   EXPECT_FALSE(ulysses.ok);
   EXPECT_EQ(ulysses.message,
-            "micro-batch 0, group 0 (ulysses): Ulysses degree 4 at tensor parallelism 2 splits "
-            "the model's 4 KV heads 8 ways, which does not divide them; use a degree d with d x "
-            "2 dividing 4");
+            "micro-batch 0, group 0 (ulysses): Ulysses degree 3 cannot shard the 4 heads and 2 "
+            "KV heads of each GPU at tensor parallelism 2: the degree must divide the heads and "
+            "either divide the KV heads or be a multiple of them (KV heads replicated); use one "
+            "of the degrees 1, 2, 4 (or another scheme for this group)");
   // A plan of TP groups against a cost model without TP (and back).
   const testing::FakeCostModel plain(testing::small_cluster(2, 8), testing::small_model());
   const ValidationResult mismatch = validate(plan, plain);
