@@ -152,15 +152,21 @@ std::vector<Bytes> bytes_per_member(const GroupLayout& layout, Bytes bytes_per_t
   return bytes;
 }
 
+/// Ulysses: an all-to-all to head sharding, every member's heads over all the group's
+/// tokens, an all-to-all back. Forward: Q, K, V in, O out; backward: dO in, dQ, dK, dV
+/// out. Beyond the KV heads (d > k) a member receives its query heads' one KV head for
+/// all the group's tokens, so K, V travel to each of their d / k holders
+/// (ulysses_qkv_bytes_per_token) and the dK, dV of the replicas come back the same way,
+/// summed by their owner as they arrive (an add per received element, not charged).
 void add_ulysses(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const GroupLayout layout = layout_of(group);
   const Model& model = ctx.cost.model();
   const bool forward = pass == Pass::forward;
-  // Forward: Q, K, V in, O out; backward: dO in, dQ, dK, dV out.
-  const Bytes in_per_token = forward ? model.qkv_bytes_per_token() : model.hidden_bytes_per_token();
-  const Bytes out_per_token =
-      forward ? model.hidden_bytes_per_token() : model.qkv_bytes_per_token();
   const int size = static_cast<int>(group.ranks.size());
+  const Bytes qkv_per_token =
+      ulysses_qkv_bytes_per_token(model, ctx.cost.cluster().tensor_parallel.gpus, size);
+  const Bytes in_per_token = forward ? qkv_per_token : model.hidden_bytes_per_token();
+  const Bytes out_per_token = forward ? model.hidden_bytes_per_token() : qkv_per_token;
   const int scatter = add_group_collective(
       ctx, group, ctx.cost.all_to_all_time_s(group.ranks, bytes_per_member(layout, in_per_token)),
       member_cursors(ctx, group), forward ? "all-to-all qkv" : "all-to-all dout", pass);

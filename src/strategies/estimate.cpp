@@ -67,7 +67,8 @@ void add_ring_group(const AttentionGroup& group, const CostModel& cost,
 }
 
 /// Local, all-gather (KV gathered forward, dKV reduce-scattered backward, not overlapped)
-/// and Ulysses (QKV and output all-to-alls each pass; heads split group-size ways).
+/// and Ulysses (QKV and output all-to-alls each pass, KV heads replicated beyond k as the
+/// simulator charges them; heads split group-size ways).
 void add_collective_group(const AttentionGroup& group, const CostModel& cost,
                           std::map<int, Seconds>& rank_time_s) {
   const Model& model = cost.model();
@@ -78,8 +79,10 @@ void add_collective_group(const AttentionGroup& group, const CostModel& cost,
     comm_per_pass_s =
         cost.all_gather_time_s(group.ranks, bytes_per_member(group, model.kv_bytes_per_token()));
   } else if (group.scheme == Scheme::ulysses) {
+    const Bytes qkv_per_token =
+        ulysses_qkv_bytes_per_token(model, cost.cluster().tensor_parallel.gpus, size);
     comm_per_pass_s =
-        cost.all_to_all_time_s(group.ranks, bytes_per_member(group, model.qkv_bytes_per_token())) +
+        cost.all_to_all_time_s(group.ranks, bytes_per_member(group, qkv_per_token)) +
         cost.all_to_all_time_s(group.ranks,
                                bytes_per_member(group, model.hidden_bytes_per_token()));
     for (const SequenceChunks& sequence : group.sequences) {

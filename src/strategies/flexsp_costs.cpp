@@ -23,8 +23,9 @@ Seconds all_to_all_s(const CostModel& cost, int degree, Tokens member_tokens) {
   if (degree == 1) return 0.0;
   const std::vector<int> ranks = consecutive_ranks(0, degree);
   const Model& model = cost.model();
-  const std::vector<Bytes> qkv(static_cast<std::size_t>(degree),
-                               model.qkv_bytes_per_token() * member_tokens);
+  const Bytes qkv_per_token =
+      ulysses_qkv_bytes_per_token(model, cost.cluster().tensor_parallel.gpus, degree);
+  const std::vector<Bytes> qkv(static_cast<std::size_t>(degree), qkv_per_token * member_tokens);
   const std::vector<Bytes> hidden(static_cast<std::size_t>(degree),
                                   model.hidden_bytes_per_token() * member_tokens);
   const double passes = pass_count(model, Pass::forward) + pass_count(model, Pass::backward);

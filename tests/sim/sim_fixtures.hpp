@@ -46,7 +46,9 @@ class FakeCostModel final : public CostModel {
   Seconds p2p_latency_s(int src_rank, int dst_rank) const override {
     return p2p_from_links ? CostModel::p2p_latency_s(src_rank, dst_rank) : 0.0;
   }
-  Seconds all_to_all_time_s(std::span<const int> ranks, std::span<const Bytes>) const override {
+  Seconds all_to_all_time_s(std::span<const int> ranks,
+                            std::span<const Bytes> bytes_per_rank) const override {
+    all_to_all_bytes.emplace_back(bytes_per_rank.begin(), bytes_per_rank.end());
     return ranks.size() > 1 ? 3e-3 : 0.0;
   }
   Seconds all_gather_time_s(std::span<const int> ranks, std::span<const Bytes>) const override {
@@ -59,6 +61,8 @@ class FakeCostModel final : public CostModel {
   Seconds overhead_forward_s = 0;
   Bytes capacity_tokens = 1'000'000'000;
   bool p2p_from_links = false;  ///< byte-dependent transfers, for routing and pipelining
+  /// bytes_per_rank of every all_to_all_time_s() call, in call order.
+  mutable std::vector<std::vector<Bytes>> all_to_all_bytes;
 
  private:
   static double factor(Pass pass) { return pass == Pass::forward ? 1.0 : 2.0; }

@@ -261,6 +261,45 @@ TEST_F(SimulatorGolden, UlyssesGroupRunsTwoAllToAllsPerPass) {
   EXPECT_NEAR(start_of(report, 1, "all-to-all qkv fwd"), ms(0.175), kTolerance_s);
 }
 
+TEST_F(SimulatorGolden, UlyssesBeyondTheKvHeadsSendsEachKvHeadToItsReplicas) {
+  // 4 heads, 2 KV heads, head dim 2, 2 bytes per element: per token Q 16 B, K + V 16 B,
+  // QKV 32 B, output 16 B. A Ulysses group of 4 gives each member 1 query head, which
+  // reads KV head m / 2: KV head 0 is held by members 0 and 1, KV head 1 by 2 and 3.
+  Model model = fake_model();
+  model.hidden = 8;
+  model.heads = 4;
+  model.kv_heads = 2;
+  FakeCostModel cost(fake_cluster(1, 4, 1), model);
+  Plan plan = testing::empty_plan(cost, {100});
+  plan.micro_batches.push_back(
+      {{testing::make_group(Scheme::ulysses, {0, 1, 2, 3},
+                            {{0, {{0, 0, 40}, {1, 40, 70}, {2, 70, 90}, {3, 90, 100}}}})},
+       {},
+       {}});
+  run(plan, cost);
+  // A member sends every member (itself included) per token of its own: that member's
+  // query head, 2 x 2 B = 4 B, and K and V of the KV head it reads, 2 x 4 B = 8 B: 12 B,
+  // 4 x 12 = 48 B per token held (32 B without replication, + 16 B for the second copy
+  // of K and V). The dQ, dK, dV all-to-all back carries the same; O and dO 16 B.
+  EXPECT_EQ(ulysses_qkv_bytes_per_token(model, 1, 4), 48);
+  const std::vector<Bytes> qkv = {40 * 48, 30 * 48, 20 * 48, 10 * 48};
+  const std::vector<Bytes> hidden = {40 * 16, 30 * 16, 20 * 16, 10 * 16};
+  // fwd: qkv in, out back; bwd: dout in, dqkv back (the lower bound's own all-to-all
+  // floors ask for equal bytes per member, so they are told apart from the group's).
+  const auto calls_with = [&](const std::vector<Bytes>& bytes) {
+    return std::count(cost.all_to_all_bytes.begin(), cost.all_to_all_bytes.end(), bytes);
+  };
+  EXPECT_EQ(calls_with(qkv), 2);
+  EXPECT_EQ(calls_with(hidden), 2);
+  EXPECT_EQ(calls_with({40 * 32, 30 * 32, 20 * 32, 10 * 32}), 0);  // not unreplicated
+  // At degree 2 (= the KV heads) nothing is replicated: 32 B per token.
+  cost.all_to_all_bytes.clear();
+  plan.micro_batches[0].groups[0] =
+      testing::make_group(Scheme::ulysses, {0, 1}, {{0, {{0, 0, 40}, {1, 40, 100}}}});
+  run(plan, cost);
+  EXPECT_EQ(calls_with({40 * 32, 60 * 32}), 2);
+}
+
 TEST_F(SimulatorGolden, AllGatherGroupGathersKvTwiceAndReduceScatters) {
   FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
   Plan plan = testing::empty_plan(cost, {100});

@@ -18,6 +18,13 @@ class PlanGenerator {
   PlanGenerator(const CostModel& cost, unsigned seed, int min_tokens = 64, int spread = 4000)
       : cost_(cost), random_(seed), min_tokens_(min_tokens), spread_(spread) {}
 
+  /// Groups of any size from 1 to `largest` ranks at any offset (Ulysses only where
+  /// ulysses_degree_allowed()), instead of aligned powers of two.
+  PlanGenerator& any_size(int largest) {
+    largest_any_size_ = largest;
+    return *this;
+  }
+
   Plan make() {
     std::vector<Tokens> lengths;
     const int count = 8 + pick(24);
@@ -56,12 +63,17 @@ class PlanGenerator {
     for (int first = 0; first < ranks;) {
       int size = 1 << pick(4);
       while (first % size != 0 || first + size > ranks) size /= 2;
+      if (largest_any_size_ > 0) size = 1 + pick(std::min(largest_any_size_, ranks - first));
       AttentionGroup group;
       group.scheme = size == 1
                          ? Scheme::local
                          : std::array{Scheme::ring, Scheme::ulysses, Scheme::all_gather}[pick(3)];
+      if (group.scheme == Scheme::ulysses &&
+          !ulysses_degree_allowed(cost_.model(), cost_.cluster().tensor_parallel.gpus, size)) {
+        group.scheme = Scheme::ring;
+      }
       for (int r = first; r < first + size; ++r) group.ranks.push_back(r);
-      if (group.scheme == Scheme::ring) {
+      if (group.scheme == Scheme::ring && largest_any_size_ == 0) {  // proxies: whole nodes
         group.routing_proxies = 1 + pick(2);
         group.routing_chunks = 1 << pick(3);
       }
@@ -112,6 +124,7 @@ class PlanGenerator {
   std::mt19937 random_;
   int min_tokens_;
   int spread_;
+  int largest_any_size_ = 0;
 };
 
 TEST(SimulatorRandom, LowerBoundHoldsAndTimesAddUp) {
@@ -150,6 +163,38 @@ TEST(SimulatorRandom, PackedTilesLowerBoundHolds) {
     EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
     EXPECT_EQ(simulate(plan, cost).step_time_s, report.step_time_s);
   }
+}
+
+TEST(SimulatorRandom, GroupsOfAnySizeAndReplicatedKvHeads) {
+  // Rings, all-gathers and Ulysses groups of 1 to 16 ranks at any offset on 16 GPUs:
+  // Llama-3.2-3B's 24 heads with 2 KV heads (made up) allow Ulysses 2, 4, 6, 8 and 12,
+  // KV heads replicated from 4 on; Llama-3-8B's 8 KV heads Ulysses 16 (replicated);
+  // Llama-2-13B's 40 heads Ulysses 5 and 10.
+  Cluster cluster = cluster_preset("a800-roce");
+  cluster.nodes = 2;
+  int ulysses_beyond_kv_heads = 0;
+  int odd_sizes = 0;
+  for (const char* name : {"llama-3b", "llama3-8b", "llama-13b"}) {
+    Model model = model_preset(name);
+    if (model.name == "llama-3b") model.kv_heads = 2;
+    const AnalyticalCostModel cost(cluster, model);
+    for (unsigned seed = 1; seed <= 12; ++seed) {
+      SCOPED_TRACE(std::string(name) + " seed " + std::to_string(seed));
+      const Plan plan = PlanGenerator(cost, seed, 64, 1000).any_size(16).make();
+      for (const MicroBatch& micro_batch : plan.micro_batches) {
+        for (const AttentionGroup& group : micro_batch.groups) {
+          const auto size = static_cast<int>(group.ranks.size());
+          odd_sizes += size > 1 && (size & (size - 1)) != 0;
+          ulysses_beyond_kv_heads += group.scheme == Scheme::ulysses && size > model.kv_heads;
+        }
+      }
+      const SimulationReport report = simulate(plan, cost);  // validates the plan
+      EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+      EXPECT_EQ(simulate(plan, cost).step_time_s, report.step_time_s);
+    }
+  }
+  EXPECT_GT(odd_sizes, 0);
+  EXPECT_GT(ulysses_beyond_kv_heads, 0);
 }
 
 }  // namespace
