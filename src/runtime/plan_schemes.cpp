@@ -48,6 +48,26 @@ void copy_columns_in(const float* from, int tokens, int width, float* to, int st
 }
 
 
+/// Each member's heads in a Ulysses group of `group_size` (plan.hpp's
+/// ulysses_degree_allowed): query heads [m h/g, (m+1) h/g) and the KV heads they read,
+/// k/g of them from m k/g when g <= k, else the one KV head (m h/g) / (h/k), which g/k
+/// members hold (replicated).
+struct UlyssesHeads {
+  int heads = 0;     ///< query heads per member
+  int kv_heads = 0;  ///< KV heads per member
+  int group = 0;     ///< query heads per KV head (GQA)
+  int kv_first(int member) const { return member * heads / group; }
+};
+
+UlyssesHeads ulysses_heads(const AttentionShape& shape, int group_size) {
+  BALLAST_CHECK(shape.heads % group_size == 0 && (shape.kv_heads % group_size == 0 ||
+                                                  group_size % shape.kv_heads == 0),
+                "a validated plan's Ulysses degree divides the heads and divides or is a "
+                "multiple of the KV heads");
+  return {shape.heads / group_size, std::max(1, shape.kv_heads / group_size),
+          shape.heads / shape.kv_heads};
+}
+
 }  // namespace
 
 PlanAttentionEngine::GroupState& PlanAttentionEngine::group_state(std::size_t index) {
@@ -290,22 +310,23 @@ void PlanAttentionEngine::all_gather_backward(const AttentionShape& shape, Group
 }
 
 // ----------------------------------------------------------------------------------------
-// Ulysses: member m computes query heads [m * heads / g, (m + 1) * heads / g) and KV heads
-// [m * kv_heads / g, ...) of every token of the group, in member order. Each direction is
-// one pack (a token's columns of a member's heads into consecutive rows) and one unpack;
-// a member's rows of the head-sharded arrays are contiguous, so they are sent and received
-// in place.
+// Ulysses: member m computes query heads [m * heads / g, (m + 1) * heads / g) and the KV
+// heads they read (UlyssesHeads: beyond the KV heads, one KV head replicated on g / kv_heads
+// members) of every token of the group, in member order. Each direction is one pack (a
+// token's columns of a member's heads into consecutive rows) and one unpack; a member's
+// rows of the head-sharded arrays are contiguous, so they are sent and received in place.
+// The backward's unpack adds every member's dK, dV to the KV head's columns, so the
+// replicas' gradients sum on the owner, in member order (the same sum every run).
 
 void PlanAttentionEngine::ulysses_forward(const AttentionShape& shape, GroupState& state,
                                           const float* q, const float* k, const float* v,
                                           float* out, float* lse, HeadShard& shard) {
   const AttentionGroup& group = *state.group;
   const int group_size = static_cast<int>(group.ranks.size());
-  BALLAST_CHECK(shape.heads % group_size == 0 && shape.kv_heads % group_size == 0,
-                "a validated plan's Ulysses degree divides the heads and KV heads");
+  const UlyssesHeads sharding = ulysses_heads(shape, group_size);
   const int head_dim = shape.head_dim;
-  const int heads = shape.heads / group_size;  // per member
-  const int kv_heads = shape.kv_heads / group_size;
+  const int heads = sharding.heads;  // per member
+  const int kv_heads = sharding.kv_heads;
   const int q_width = shape.heads * head_dim, kv_width = shape.kv_heads * head_dim;
   const int q_columns = heads * head_dim, kv_columns = kv_heads * head_dim;
   const int count = state.count;
@@ -330,8 +351,9 @@ void PlanAttentionEngine::ulysses_forward(const AttentionShape& shape, GroupStat
       v_rows = shard.v.data() + rows(row_of(member), kv_columns);
     }
     copy_columns_out(q, q_width, member * q_columns, count, q_columns, q_rows);
-    copy_columns_out(k, kv_width, member * kv_columns, count, kv_columns, k_rows);
-    copy_columns_out(v, kv_width, member * kv_columns, count, kv_columns, v_rows);
+    const int kv_column = sharding.kv_first(member) * head_dim;
+    copy_columns_out(k, kv_width, kv_column, count, kv_columns, k_rows);
+    copy_columns_out(v, kv_width, kv_column, count, kv_columns, v_rows);
   }
   const int tag = tag_of(state.group_index, kForward);
   for (int member = 0; member < group_size; ++member) {
@@ -402,9 +424,10 @@ void PlanAttentionEngine::ulysses_backward(const AttentionShape& shape, GroupSta
   // dQ, dK, dV go back.
   const AttentionGroup& group = *state.group;
   const int group_size = static_cast<int>(group.ranks.size());
+  const UlyssesHeads sharding = ulysses_heads(shape, group_size);
   const int head_dim = shape.head_dim;
-  const int heads = shape.heads / group_size;
-  const int kv_heads = shape.kv_heads / group_size;
+  const int heads = sharding.heads;
+  const int kv_heads = sharding.kv_heads;
   const int q_width = shape.heads * head_dim, kv_width = shape.kv_heads * head_dim;
   const int q_columns = heads * head_dim, kv_columns = kv_heads * head_dim;
   const int count = state.count;
@@ -481,8 +504,9 @@ void PlanAttentionEngine::ulysses_backward(const AttentionShape& shape, GroupSta
       d_v_rows = state.d_v_heads.data() + rows(row_of(member), kv_columns);
     }
     copy_columns_in(d_q_rows, count, q_columns, d_q, q_width, member * q_columns, true);
-    copy_columns_in(d_k_rows, count, kv_columns, d_k, kv_width, member * kv_columns, true);
-    copy_columns_in(d_v_rows, count, kv_columns, d_v, kv_width, member * kv_columns, true);
+    const int kv_column = sharding.kv_first(member) * head_dim;  // replicas add up here
+    copy_columns_in(d_k_rows, count, kv_columns, d_k, kv_width, kv_column, true);
+    copy_columns_in(d_v_rows, count, kv_columns, d_v, kv_width, kv_column, true);
   }
 }
 

@@ -7,7 +7,11 @@
 // strategy was checked (one that can hold neither batch fails, it is not skipped). Built a
 // second time with BALLAST_EXACTNESS_TP = 2 (mpi_exactness_tp2): the plans are for TP
 // groups of 2 ranks (tensor_parallel_units), each member running its half of the heads and
-// of the FFN, and the sequence-parallel collectives between them.
+// of the FFN, and the sequence-parallel collectives between them. Hand-built plans add what
+// no registered strategy plans yet: Ulysses beyond the KV heads (KV heads replicated, their
+// dK/dV summed back: a group of all 8 ranks over 4 KV heads, of 4 TP groups over 2 KV heads
+// per GPU, and groups of 2 and 3 over the one KV head of a multi-query model) and rings,
+// all-gathers and Ulysses groups of 3, 5 and 6 ranks.
 #include <mpi.h>
 
 #include <algorithm>
@@ -31,6 +35,109 @@
 using namespace ballast;
 using namespace ballast::runtime;
 
+namespace {
+
+/// "ring+ulysses+remap+routed": the schemes a plan uses, for the report line.
+std::string schemes_of(const Plan& plan) {
+  std::string schemes;
+  for (const MicroBatch& micro_batch : plan.micro_batches) {
+    for (const AttentionGroup& group : micro_batch.groups) {
+      const std::string name = to_string(group.scheme);
+      if (schemes.find(name) == std::string::npos) schemes += (schemes.empty() ? "" : "+") + name;
+    }
+    if (!micro_batch.linear_layout.empty() && schemes.find("remap") == std::string::npos) schemes += "+remap";
+    for (const AttentionGroup& group : micro_batch.groups) {
+      if (group.routing_proxies > 1 && !plan.cluster.same_node(group.ranks.front(), group.ranks.back()) &&
+          schemes.find("routed") == std::string::npos) {
+        schemes += "+routed";
+      }
+    }
+  }
+  return schemes;
+}
+
+/// Random tokens for documents of `lengths`.
+std::vector<std::vector<std::int32_t>> documents_of(const std::vector<Tokens>& lengths, int vocab,
+                                                    std::uint64_t seed) {
+  std::vector<std::vector<std::int32_t>> documents;
+  for (Tokens length : lengths) {
+    std::vector<std::int32_t> document;
+    for (Tokens t = 0; t < length; ++t) {
+      document.push_back(static_cast<std::int32_t>(uniform_below(seed, static_cast<std::uint64_t>(vocab))));
+    }
+    documents.push_back(document);
+  }
+  return documents;
+}
+
+/// Runs `plan` over MPI and against the single-process reference; prints one line on rank 0;
+/// returns 1 on a mismatch, else 0.
+int check_plan(const std::string& label, const Plan& plan, const ModelConfig& config,
+               const Parameters& parameters, const std::vector<std::vector<std::int32_t>>& documents,
+               int rank) {
+  LocalAttentionEngine reference_engine;
+  const StepOutput reference = forward_backward(config, parameters, pack_documents(documents), reference_engine);
+  const StepResult step = run_step(plan, config, parameters, documents, MPI_COMM_WORLD);
+  const StepDifference difference = compare_with_reference(parameters, step.loss_sum, step.gradients, reference);
+  const bool ok = difference.max_relative_error < 1e-5 && step.targets == reference.target_count;
+  if (rank == 0) {
+    std::printf("%-34s %-28s %zu micro-batches, loss %.6f, max relative error %.2e (%s)%s\n", label.c_str(),
+                schemes_of(plan).c_str(), plan.micro_batches.size(), step.loss_sum / step.targets,
+                difference.max_relative_error, difference.worst.c_str(), ok ? "" : "  FAILED");
+  }
+  return ok ? 0 : 1;
+}
+
+/// A group of a hand-built plan: its scheme, ranks (ring order) and sequence ids.
+struct HandGroup {
+  Scheme scheme = Scheme::local;
+  std::vector<int> ranks;
+  std::vector<std::int64_t> sequences;
+};
+
+/// A plan on `cost`'s cluster and model with one micro-batch per entry of `micro_batches`;
+/// each sequence of a group is cut into contiguous, near-equal chunks, one per member in
+/// rank-list order (empty chunks left out).
+Plan hand_plan(const CostModel& cost, const std::vector<Tokens>& lengths,
+               const std::vector<std::vector<HandGroup>>& micro_batches) {
+  Plan plan;
+  plan.strategy = "hand";
+  plan.cluster = cost.cluster();
+  plan.model = cost.model();
+  plan.cost_model = cost.spec();
+  plan.sequence_lengths_tokens = lengths;
+  for (const auto& groups : micro_batches) {
+    MicroBatch micro_batch;
+    for (const HandGroup& hand : groups) {
+      AttentionGroup group;
+      group.scheme = hand.scheme;
+      group.ranks = hand.ranks;
+      const auto size = static_cast<Tokens>(hand.ranks.size());
+      for (std::int64_t id : hand.sequences) {
+        const Tokens length = lengths[static_cast<std::size_t>(id)];
+        SequenceChunks sequence{id, length, {}};
+        for (Tokens i = 0; i < size; ++i) {
+          const Tokens begin = length * i / size, end = length * (i + 1) / size;
+          if (begin < end) sequence.chunks.push_back({hand.ranks[static_cast<std::size_t>(i)], begin, end});
+        }
+        group.sequences.push_back(sequence);
+      }
+      micro_batch.groups.push_back(group);
+    }
+    plan.micro_batches.push_back(micro_batch);
+  }
+  return plan;
+}
+
+/// Ranks [first, end).
+std::vector<int> rank_range(int first, int end) {
+  std::vector<int> ranks;
+  for (int r = first; r < end; ++r) ranks.push_back(r);
+  return ranks;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, ranks = 1;
@@ -43,7 +150,7 @@ int main(int argc, char** argv) {
     config.hidden = 64;
     config.layers = 2;
     config.heads = 8;
-    config.kv_heads = 4;  // GQA: Ulysses groups of up to 4 split the KV heads
+    config.kv_heads = 4;  // GQA: Ulysses groups of up to 4 split the KV heads, of 8 replicate them
     config.ffn_hidden = 48;
     const Parameters parameters = init_parameters(config, 7);
     // The cluster and model `ballast run` plans with, memory for ~160 tokens per rank;
@@ -105,45 +212,65 @@ int main(int argc, char** argv) {
       }
       const std::vector<Tokens>& lengths = batches_lengths[static_cast<std::size_t>(which)];
       const Batch batch = make_batch(lengths, which);
-      std::vector<std::vector<std::int32_t>> documents;
-      std::uint64_t token_state = 100 + static_cast<std::uint64_t>(which);
-      for (Tokens length : lengths) {
-        std::vector<std::int32_t> document;
-        for (Tokens t = 0; t < length; ++t) {
-          document.push_back(static_cast<std::int32_t>(uniform_below(token_state, config.vocab)));
-        }
-        documents.push_back(document);
-      }
-      LocalAttentionEngine reference_engine;
-      const StepOutput reference =
-          forward_backward(config, parameters, pack_documents(documents), reference_engine);
       const StrategySpec spec = parse_strategy_spec(text);
       checked.insert(spec.planner->name());
       const Plan plan = spec.planner->plan(batch, *cost, spec.options, SimulatorEvaluator(*cost));
       require_valid(plan, *cost, text);
-      const StepResult step = run_step(plan, config, parameters, documents, MPI_COMM_WORLD);
-      const StepDifference difference = compare_with_reference(parameters, step.loss_sum, step.gradients, reference);
-      std::string schemes;
-      for (const MicroBatch& micro_batch : plan.micro_batches) {
-        for (const AttentionGroup& group : micro_batch.groups) {
-          const std::string name = to_string(group.scheme);
-          if (schemes.find(name) == std::string::npos) schemes += (schemes.empty() ? "" : "+") + name;
-        }
-        if (!micro_batch.linear_layout.empty() && schemes.find("remap") == std::string::npos) schemes += "+remap";
-        for (const AttentionGroup& group : micro_batch.groups) {
-          if (group.routing_proxies > 1 && !plan.cluster.same_node(group.ranks.front(), group.ranks.back()) &&
-              schemes.find("routed") == std::string::npos) {
-            schemes += "+routed";
-          }
-        }
+      failures += check_plan(text, plan, config, parameters,
+                             documents_of(lengths, config.vocab, 100 + static_cast<std::uint64_t>(which)), rank);
+    }
+    // Hand-built plans: Ulysses beyond the KV heads and groups of any size.
+    const std::vector<Tokens> hand_lengths = {70, 1, 45, 23, 9, 64, 31, 5, 50, 17, 2, 38};
+    const int tp = kTensorParallel;
+    std::vector<std::pair<std::string, Plan>> hand;
+    {
+      // This model (8 heads, 4 KV heads; per TP GPU 8 / tp and 4 / tp): a Ulysses group of
+      // every plan rank (8 ranks, or 4 TP groups of 2: each KV head on 2 members), then a
+      // ring of 3 and an all-gather of the other ranks (5 at 8 ranks).
+      std::vector<std::vector<HandGroup>> micro_batches;
+      if (plan_ranks >= 2 && ulysses_degree_allowed(model, tp, plan_ranks)) {
+        micro_batches.push_back({{Scheme::ulysses, rank_range(0, plan_ranks), {0, 1, 2, 3}}});
+      } else {
+        micro_batches.push_back({{Scheme::local, {0}, {0, 1, 2, 3}}});
       }
-      const bool ok = difference.max_relative_error < 1e-5 && step.targets == reference.target_count;
-      failures += ok ? 0 : 1;
-      if (rank == 0) {
-        std::printf("%-34s %-28s %zu micro-batches, loss %.6f, max relative error %.2e (%s)%s\n",
-                    text.c_str(), schemes.c_str(), plan.micro_batches.size(), step.loss_sum / step.targets,
-                    difference.max_relative_error, difference.worst.c_str(), ok ? "" : "  FAILED");
+      std::vector<HandGroup> mixed = {{Scheme::ring, rank_range(0, std::min(3, plan_ranks)), {4, 5, 6}}};
+      if (plan_ranks > 4) {
+        mixed.push_back({Scheme::all_gather, rank_range(3, plan_ranks), {7, 8, 9, 10, 11}});
+      } else if (plan_ranks == 4) {
+        mixed.push_back({Scheme::local, {3}, {7, 8, 9, 10, 11}});
+      } else {
+        mixed.front().sequences.insert(mixed.front().sequences.end(), {7, 8, 9, 10, 11});
       }
+      micro_batches.push_back(mixed);
+      hand.emplace_back("hand:ulysses-replicated+any-size", hand_plan(*cost, hand_lengths, micro_batches));
+    }
+    for (auto& [label, plan] : hand) {
+      require_valid(plan, *cost, label);
+      failures += check_plan(label, plan, config, parameters, documents_of(hand_lengths, config.vocab, 300), rank);
+    }
+    if (kTensorParallel == 1 && plan_ranks >= 3) {
+      // Multi-query attention, 6 heads: Ulysses groups of 3 and (at 8 ranks) 6 hold the one
+      // KV head on every member; a ring of 2 or a local group takes the rest.
+      ModelConfig mqa = config;
+      mqa.heads = 6;
+      mqa.kv_heads = 1;
+      mqa.hidden = 48;
+      const Parameters mqa_parameters = init_parameters(mqa, 9);
+      const Model mqa_model = planning_model(mqa);
+      const auto mqa_cost = make_cost_model(load_cost_model_spec("analytical"),
+                                            emulated_cluster(mqa_model, ranks, kGpusPerNode, 160), mqa_model);
+      std::vector<std::vector<HandGroup>> micro_batches = {
+          {{Scheme::ulysses, {0, 1, 2}, {0, 1, 2}}, {Scheme::local, {plan_ranks - 1}, {3, 4}}}};
+      if (plan_ranks >= 8) {
+        micro_batches.push_back({{Scheme::ulysses, rank_range(0, 6), {5, 6, 7}}, {Scheme::ring, {7, 6}, {8, 9}}});
+      } else {
+        micro_batches.push_back({{Scheme::ulysses, {2, 1, 0}, {5, 6, 7}}, {Scheme::local, {3}, {8, 9}}});
+      }
+      micro_batches.push_back({{Scheme::ring, {1, 2, 0}, {10, 11}}});
+      const Plan plan = hand_plan(*mqa_cost, hand_lengths, micro_batches);
+      require_valid(plan, *mqa_cost, "hand:mqa");
+      failures += check_plan("hand:ulysses-mqa+any-size", plan, mqa, mqa_parameters,
+                             documents_of(hand_lengths, mqa.vocab, 301), rank);
     }
     // The check that every registered strategy is exercised under MPI.
     for (const std::string& name : planner_names()) {
