@@ -229,22 +229,28 @@ def _all_gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Scheme
 def ulysses_heads(heads: int, kv_heads: int, members: int) -> List[Tuple[int, int, int, int]]:
     """Member m's (first query head, end, first KV head, end): query heads
     [m H/g, (m+1) H/g) and the KV heads they read (GQA: query head h reads KV head
-    h // (H / KV)), as the C++ runtime shards them."""
-    if heads % members:
-        raise ValueError(f"ulysses: a group of {members} ranks must divide the {heads} query heads of this process")
+    h // (H / KV)), as the C++ runtime shards them. The rule is the plan's
+    (``ulysses_degree_allowed``, docs/plan-format.md): g divides H and either divides KV
+    (KV/g KV heads each) or is a multiple of it (each member's query heads read one KV head,
+    held by g/KV members: replicated, its dK/dV summed back over them)."""
+    if heads % members or heads % kv_heads or (kv_heads % members and members % kv_heads):
+        raise ValueError(f"ulysses: a group of {members} ranks cannot shard {heads} query heads over {kv_heads} KV "
+                         "heads: the group size must divide the query heads and either divide the KV heads or be a "
+                         "multiple of them; plan with a group size the heads allow")
     per_member, repeat = heads // members, heads // kv_heads
     shards = []
     for m in range(members):
         first, end = m * per_member, (m + 1) * per_member
-        kv_first, kv_end = first // repeat, (end - 1) // repeat + 1
-        local_kv = kv_end - kv_first
-        # The kernel maps local query head i to local KV head i // (per_member / local_kv).
-        if per_member % local_kv or any((first + i) // repeat - kv_first != i // (per_member // local_kv)
-                                        for i in range(per_member)):
-            raise ValueError(f"ulysses: {members} members cannot shard {heads} query heads over {kv_heads} KV heads "
-                             "so that each member's query heads read its own KV heads")
-        shards.append((first, end, kv_first, kv_end))
+        shards.append((first, end, first // repeat, (end - 1) // repeat + 1))
     return shards
+
+
+def _ulysses_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   shards: List[Tuple[int, int, int, int]]) -> List[torch.Tensor]:
+    """To member j my rows of its q heads and of the KV heads they read, flattened (row-major
+    (rows, heads, head_dim)). A KV head held by several members is sliced once per holder, so
+    autograd sums the holders' dK, dV back onto it (the replicas' gradients reduce here)."""
+    return [torch.cat([q[:, a:b], k[:, c:d], v[:, c:d]], dim=1).reshape(-1) for a, b, c, d in shards]
 
 
 def _ulysses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGroup, process_group: Any,
@@ -253,7 +259,7 @@ def _ulysses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGro
     shards = ulysses_heads(heads, k.shape[1], group.size)
     me = group.member
     # sequence -> head sharding: to member j my rows of its q, k, v heads, row-major
-    parts = [torch.cat([q[:, a:b], k[:, c:d], v[:, c:d]], dim=1).reshape(-1) for a, b, c, d in shards]
+    parts = _ulysses_parts(q, k, v, shards)
     widths = [(b - a + 2 * (d - c)) * head_dim for a, b, c, d in shards]
     a, b, c, d = shards[me]
     received = _AllToAll.apply(torch.cat(parts), [rows * w for w in widths],

@@ -7,7 +7,10 @@ tokens of all ranks). Each rank's bytes sent per scheme and pass must equal the 
 plan implies (``_expected_bytes``; the formulas are in docs/python.md, "Attention
 schemes"). Planted bugs (dK/dV not sent home in the ring, a wrong causal offset of the ring's
 blocks, all-to-all gradients dropped, Ulysses members reading the wrong KV heads) must be
-caught.
+caught, and so must a replicated KV head's dK/dV kept from one Ulysses member only.
+Hand-made plans also run Ulysses beyond the KV heads (4 members over 2 KV heads; 2 and 3
+members over the one KV head of a 12-head MQA layout) and rings, all-gathers and Ulysses
+groups of 3.
 
 Run with -s to see the measured errors and volumes (docs/python.md records them).
 """
@@ -35,6 +38,9 @@ from gloo_workers import run_workers  # noqa: E402
 WORLD_SIZE = 4
 GPUS_PER_NODE = 2
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8   # GQA: a Ulysses member of a pair takes 2 query heads, 1 KV head
+# Multi-query attention with 12 heads for the replicated-KV case: Ulysses groups of 2, 3 and 4
+# members each hold the one KV head (replicated 2, 3 and 4 times), and 3 is no power of two.
+MQA_HEADS, MQA_KV_HEADS = 12, 1
 TOLERANCE = 1e-5
 TIMEOUT_S = 120
 LENGTHS = [1500, 700, 300, 200, 90, 60, 33, 20]
@@ -49,6 +55,10 @@ CASES = {
     "flexsp-fast": ("flexsp-fast", 4096, {"ulysses"}),
     "zeppelin:remap=on": ("zeppelin:remap=on", 1024, {"ring", "local"}),
     "mixed": ("mixed", 4096, {"ring", "ulysses", "all_gather", "local"}),
+    # Ulysses beyond the KV heads (4 members over 2 KV heads: each held twice), then
+    # non-power-of-two groups on an MQA model: Ulysses of 3 (KV head on all 3), an all-gather of 3
+    "replicated": ("replicated", 4096, {"ulysses", "local", "all_gather", "ring"}),
+    "replicated-mqa": ("replicated-mqa", 4096, {"ulysses", "local", "all_gather", "ring"}),
     # the all-gather reference (attention(schemes="reference")) on the same plan: no bytes counted
     "mixed/reference": ("mixed", 4096, {"ring", "ulysses", "all_gather", "local"}),
 }
@@ -58,7 +68,14 @@ BUGS = {
     "ring_causal_offset": "mixed",
     "all_to_all_drops_gradients": "mixed",
     "ulysses_wrong_kv_heads": "static-ulysses",
+    "ulysses_replicas_not_summed": "replicated",
 }
+# case -> (heads, KV heads) when not (HEADS, KV_HEADS)
+HEAD_LAYOUTS = {"replicated-mqa": (MQA_HEADS, MQA_KV_HEADS)}
+
+
+def _heads_of(case: str) -> tuple:
+    return HEAD_LAYOUTS.get(case, (HEADS, KV_HEADS))
 
 
 def _mixed_plan(cluster: ballast.Cluster, model: ballast.Model) -> ballast.Plan:
@@ -86,15 +103,52 @@ def _mixed_plan(cluster: ballast.Cluster, model: ballast.Model) -> ballast.Plan:
     return ballast.Plan.from_json(json.dumps(base), "test_torch_schemes mixed plan")
 
 
-def _expected_bytes(plan: ballast.Plan, micro_batch: int, rank: int, element_bytes: int = 4) -> dict:
+def _replicated_plan(cluster: ballast.Cluster, model: ballast.Model) -> ballast.Plan:
+    """Two micro-batches. 0: a Ulysses group of all 4 ranks (uneven members) over the
+    longest documents. 1: a Ulysses group of ranks 0-2 (an all-gather where 3 does not
+    divide the heads), a ring of 3 (zigzag) and an all-gather of 3 over ranks 1-3, rank 0
+    local. With 4 query heads and 2 KV heads the group of 4 replicates each KV head twice;
+    with 12 heads and 1 KV head (MQA) every Ulysses member holds the KV head."""
+    base = json.loads(ballast.plan(np.array(LENGTHS), cluster, model, "zeppelin").to_json())
+    three = "ulysses" if model.heads % 3 == 0 else "all_gather"
+
+    def sequence(i, chunks):
+        return {"id": i, "padded_length_tokens": LENGTHS[i], "chunks": [list(c) for c in chunks]}
+
+    def group(ranks, scheme, *sequences):
+        return {"ranks": ranks, "routing_proxies": 1, "scheme": scheme, "sequences": list(sequences)}
+
+    base["micro_batches"] = [
+        {"groups": [group([0, 1, 2, 3], "ulysses", sequence(0, [[0, 0, 500], [1, 500, 900], [2, 900, 1200],
+                                                                [3, 1200, 1500]]),
+                          sequence(1, [[0, 0, 100], [1, 100, 150], [2, 150, 400], [3, 400, 700]]))]},
+        {"groups": [
+            group([0, 1, 2], three, sequence(2, [[0, 0, 100], [1, 100, 220], [2, 220, 300]]),
+                  sequence(6, [[1, 0, 33]])),
+            group([1, 2, 3], "ring", sequence(3, [[1, 0, 34], [1, 166, 200], [2, 34, 67], [2, 133, 166],
+                                                  [3, 67, 100], [3, 100, 133]])),
+            group([3, 1, 2], "all_gather", sequence(4, [[3, 0, 30], [1, 30, 60], [2, 60, 90]])),
+            group([0], "local", sequence(5, [[0, 0, 60]]), sequence(7, [[0, 0, 20]])),
+        ], "queues": [[0, 3], [0, 1, 2], [0, 1, 2], [1, 2]]},
+    ]
+    return ballast.Plan.from_json(json.dumps(base), "test_torch_schemes replicated plan")
+
+
+HAND_PLANS = {"mixed": _mixed_plan, "replicated": _replicated_plan, "replicated-mqa": _replicated_plan}
+
+
+def _expected_bytes(plan: ballast.Plan, micro_batch: int, rank: int, element_bytes: int = 4,
+                    heads: int = HEADS, kv_heads: int = KV_HEADS) -> dict:
     """Bytes plan rank ``rank`` sends per (scheme, pass), from the plan alone. A group of g
     members, n_m rows of member m, N = sum n_m, me = member i, a K/V row of
-    2 * KV_HEADS * HEAD_DIM elements:
+    2 * KV heads * HEAD_DIM elements:
       ring        forward  sum_{s=0}^{g-2} n_{(i-s) mod g} K/V rows (the block held at step s to the successor)
                   backward the same K/V rows + N dK/dV rows (every block's dK/dV once: g-1 steps + home)
       all_gather  forward  (g-1) n_i K/V rows;  backward (N - n_i) dK/dV rows (partials to their owners)
-      ulysses     forward  (g-1) n_i rows of (H/g + 2 KV/g) heads (q, k, v) + (N - n_i) rows of H/g heads (out)
-                  backward (g-1) n_i rows of H/g heads (dO) + (N - n_i) rows of (H/g + 2 KV/g) heads (dQ, dK, dV)
+      ulysses     forward  (g-1) n_i rows of (H/g + 2 max(KV/g, 1)) heads (q, k, v: beyond the KV heads
+                           each member's one KV head, replicated) + (N - n_i) rows of H/g heads (out)
+                  backward (g-1) n_i rows of H/g heads (dO) + (N - n_i) rows of (H/g + 2 max(KV/g, 1))
+                           heads (dQ, dK, dV: every replica's dK, dV back to the owner)
       local       nothing."""
     rows: dict = {}
     for r in range(plan.ranks):
@@ -113,7 +167,7 @@ def _expected_bytes(plan: ballast.Plan, micro_batch: int, rank: int, element_byt
         g, i = len(ranks), ranks.index(rank)
         n = [rows[index].get(r, 0) for r in ranks]
         total = sum(n)
-        kv_row = 2 * KV_HEADS * HEAD_DIM
+        kv_row = 2 * kv_heads * HEAD_DIM
         scheme = str(group.scheme)
         if scheme == "ring":
             blocks = sum(n[(i - s) % g] for s in range(g - 1)) * kv_row
@@ -123,17 +177,17 @@ def _expected_bytes(plan: ballast.Plan, micro_batch: int, rank: int, element_byt
             add("all_gather", "forward", (g - 1) * n[i] * kv_row)
             add("all_gather", "backward", (total - n[i]) * kv_row)
         elif scheme == "ulysses":
-            qkv_row = (HEADS // g + 2 * max(KV_HEADS // g, 1)) * HEAD_DIM
-            out_row = HEADS // g * HEAD_DIM
+            qkv_row = (heads // g + 2 * max(kv_heads // g, 1)) * HEAD_DIM
+            out_row = heads // g * HEAD_DIM
             add("ulysses", "forward", (g - 1) * n[i] * qkv_row + (total - n[i]) * out_row)
             add("ulysses", "backward", (g - 1) * n[i] * out_row + (total - n[i]) * qkv_row)
     return expected
 
 
-def _global_tensors():
+def _global_tensors(heads: int = HEADS, kv_heads: int = KV_HEADS):
     generator = torch.Generator().manual_seed(7)
-    make = lambda heads: [torch.randn(n, heads, HEAD_DIM, generator=generator) for n in LENGTHS]  # noqa: E731
-    return make(HEADS), make(KV_HEADS), make(KV_HEADS), make(HEADS)   # q, k, v, output weights
+    make = lambda count: [torch.randn(n, count, HEAD_DIM, generator=generator) for n in LENGTHS]  # noqa: E731
+    return make(heads), make(kv_heads), make(kv_heads), make(heads)   # q, k, v, output weights
 
 
 def _reference(q, k, v, w):
@@ -177,6 +231,15 @@ def _plant(bug):
             shards = correct(heads, kv_heads, members)
             return [(a, b) + shards[0][2:] for a, b, _, _ in shards]
         schemes.ulysses_heads = first_kv_heads
+    elif bug == "ulysses_replicas_not_summed":
+        def first_holder_only(q, k, v, shards):  # a replicated KV head gets its first holder's dK/dV only
+            seen, parts = set(), []
+            for a, b, c, d in shards:
+                kv = (k[:, c:d], v[:, c:d]) if (c, d) not in seen else (k[:, c:d].detach(), v[:, c:d].detach())
+                seen.add((c, d))
+                parts.append(torch.cat([q[:, a:b], *kv], dim=1).reshape(-1))
+            return parts
+        schemes._ulysses_parts = first_holder_only
     elif bug is not None:
         raise ValueError(bug)
 
@@ -184,14 +247,15 @@ def _plant(bug):
 def _run_case(rank, case, groups, tensors, reference):
     spec, rank_tokens, _ = CASES[case]
     mode = "reference" if case.endswith("/reference") else "planned"
-    model = tt.planning_model(tt.TinyConfig(heads=HEADS, kv_heads=KV_HEADS), 100_000)
+    heads, kv_heads = _heads_of(case)
+    model = tt.planning_model(tt.TinyConfig(heads=heads, kv_heads=kv_heads, hidden=heads * HEAD_DIM), 100_000)
     cluster = tt.emulated_cluster(WORLD_SIZE, GPUS_PER_NODE, rank_tokens, model)
     indices = list(range(len(LENGTHS)))
     sampler = bt.BalancedBatchSampler(np.array(LENGTHS), [indices], rank=rank, world_size=WORLD_SIZE,
                                       cluster=cluster, model=model,
-                                      strategy="zeppelin" if spec == "mixed" else spec)
-    if spec == "mixed":
-        info = bt.StepInfo(_mixed_plan(cluster, model), indices, sum(LENGTHS) - len(LENGTHS), 0)
+                                      strategy="zeppelin" if spec in HAND_PLANS else spec)
+    if spec in HAND_PLANS:
+        info = bt.StepInfo(HAND_PLANS[spec](cluster, model), indices, sum(LENGTHS) - len(LENGTHS), 0)
     else:
         info = sampler.plan_batch(indices)
     dataset = bt.PieceDataset([torch.zeros(n, dtype=torch.long) for n in LENGTHS])
@@ -201,19 +265,20 @@ def _run_case(rank, case, groups, tensors, reference):
     for item in sampler.items(info):
         batch = bt.collate([dataset[x] for x in item])
         remapped |= batch.remapped
-        leaves = [_rows(t, batch.pieces, h).requires_grad_() for t, h in ((q_all, HEADS), (k_all, KV_HEADS),
-                                                                           (v_all, KV_HEADS))]
+        leaves = [_rows(t, batch.pieces, h).requires_grad_() for t, h in ((q_all, heads), (k_all, kv_heads),
+                                                                           (v_all, kv_heads))]
         qkv = bt.remap(torch.cat(leaves, dim=1), batch, groups, "to_attention")
-        q, k, v = qkv.split([HEADS, KV_HEADS, KV_HEADS], dim=1)
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
         stats = bt.CommunicationStats()
         out = bt.remap(bt.attention(q, k, v, batch, groups, stats=stats, schemes=mode), batch, groups, "to_linear")
-        (out * _rows(w_all, batch.pieces, HEADS)).sum().backward()
+        (out * _rows(w_all, batch.pieces, heads)).sum().backward()
         for j, (value, ref) in enumerate(zip([out.detach()] + [x.grad for x in leaves], reference)):
             expected = _rows(ref, batch.pieces, value.shape[1])
             squares[2 * j] += float((value.double() - expected.double()).pow(2).sum())
             squares[2 * j + 1] += float(expected.double().pow(2).sum())
         measured = {f"{s}/{d}": n for (s, d), n in stats.bytes_sent.items() if n}
-        wanted = _expected_bytes(info.plan, batch.micro_batch, batch.plan_rank) if mode == "planned" else {}
+        wanted = (_expected_bytes(info.plan, batch.micro_batch, batch.plan_rank, heads=heads, kv_heads=kv_heads)
+                  if mode == "planned" else {})
         if measured != wanted:
             bytes_mismatch.append({"micro_batch": batch.micro_batch, "measured": measured, "expected": wanted})
         for key, n in measured.items():
@@ -233,13 +298,15 @@ def _worker(rank: int, init_file: str, out_file: str, bug) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
     _plant(bug)
-    tensors = _global_tensors()
-    reference = _reference(*tensors)
+    inputs = {}  # (heads, KV heads) -> (tensors, reference)
     groups = bt.ProcessGroups()
     results = {}
     for case in ([BUGS[bug]] if bug else CASES):
         started = time.perf_counter()
-        results[case] = _run_case(rank, case, groups, tensors, reference)
+        if _heads_of(case) not in inputs:
+            tensors = _global_tensors(*_heads_of(case))
+            inputs[_heads_of(case)] = (tensors, _reference(*tensors))
+        results[case] = _run_case(rank, case, groups, *inputs[_heads_of(case)])
         results[case]["seconds"] = time.perf_counter() - started
     if rank == 0:
         Path(out_file).write_text(json.dumps(results))
