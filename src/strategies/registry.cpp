@@ -25,7 +25,8 @@
   X(hybrid_dp)                \
   X(flexsp)                   \
   X(flexsp_fast)              \
-  X(zeppelin)
+  X(zeppelin)                 \
+  X(ballast)
 
 namespace ballast {
 

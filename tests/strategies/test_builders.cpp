@@ -23,7 +23,8 @@ TEST(Registry, ListsStrategiesInOrder) {
   const std::vector<std::string> expected = {"packed-dp",           "static-cp",
                                              "static-cp-allgather", "static-ulysses",
                                              "batch-adaptive",      "hybrid-dp",
-                                             "flexsp",              "flexsp-fast", "zeppelin"};
+                                             "flexsp",              "flexsp-fast", "zeppelin",
+                                             "ballast"};
   EXPECT_EQ(planner_names(), expected);
   EXPECT_EQ(find_planner("hybrid-dp").name(), "hybrid-dp");
   for (const auto& planner : planners()) EXPECT_FALSE(planner->description().empty());
@@ -33,7 +34,8 @@ TEST(Registry, UnknownNameListsKnownOnes) {
   EXPECT_THROW(find_planner("zeppelin-x"), InputError);
   EXPECT_EQ(error_of([] { find_planner("x"); }),
             "unknown strategy 'x'; known: packed-dp, static-cp, static-cp-allgather, "
-            "static-ulysses, batch-adaptive, hybrid-dp, flexsp, flexsp-fast, zeppelin");
+            "static-ulysses, batch-adaptive, hybrid-dp, flexsp, flexsp-fast, zeppelin, "
+            "ballast");
 }
 
 TEST(StrategySpec, NameAndParameters) {

@@ -1,0 +1,237 @@
+// ballast: the best plan of a portfolio of the other strategies, improved by a
+// deterministic local search whose moves an incremental estimate screens and the caller's
+// evaluator (the simulator) confirms (docs/strategies.md, "ballast").
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "ballast.hpp"
+#include "ballast/error.hpp"
+#include "builders.hpp"
+
+namespace ballast::strategies {
+
+namespace {
+
+using namespace ballast_search;
+
+constexpr const char* kName = "ballast";
+/// Full simulations the search may spend on candidates (budget=N). Measured on the
+/// scenarios of docs/strategies.md: beyond ~32 the search rarely finds more, and each
+/// simulation at 64 GPUs / 512 sequences costs ~1 ms.
+constexpr long long kDefaultBudgetSimulations = 32;
+constexpr long long kMaxBudgetSimulations = 1'000'000;
+/// Moves the estimate screens per simulation of the budget (the screening cap is this
+/// times the budget): a round generates at most kMovesPerRound.
+constexpr long long kScreenedMovesPerSimulation = 64;
+constexpr std::size_t kMovesPerRound = 256;
+/// Candidates a round simulates before it gives up on the current plan.
+constexpr long long kSimulationsPerRound = 8;
+/// The portfolio strategies exclude by default: flexsp solves a MILP (seconds per step).
+constexpr const char* kSlowStrategies[] = {"flexsp"};
+
+std::vector<std::string> split_portfolio(const std::string& text) {
+  std::vector<std::string> names;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = text.find('+', begin);
+    names.push_back(text.substr(begin, end == std::string::npos ? end : end - begin));
+    if (end == std::string::npos) return names;
+    begin = end + 1;
+  }
+}
+
+/// The portfolio's planners in order: the spec's portfolio=a+b+c, or every registered
+/// strategy but ballast and kSlowStrategies. InputError for an unknown or repeated name.
+std::vector<const Planner*> portfolio_of(const PlannerOptions& options) {
+  std::vector<const Planner*> members;
+  const auto given = options.parameters.find("portfolio");
+  if (given == options.parameters.end()) {
+    for (const auto& planner : planners()) {
+      const std::string name = planner->name();
+      if (name == kName || std::find(std::begin(kSlowStrategies), std::end(kSlowStrategies), name) !=
+                               std::end(kSlowStrategies)) {
+        continue;
+      }
+      members.push_back(planner.get());
+    }
+    return members;
+  }
+  for (const std::string& name : split_portfolio(given->second)) {
+    if (name == kName) {
+      throw InputError(fmt::format("{}:portfolio={}: {} cannot be in its own portfolio", kName,
+                                   given->second, kName));
+    }
+    const Planner& planner = find_planner(name);  // InputError listing the known ones
+    if (std::find(members.begin(), members.end(), &planner) != members.end()) {
+      throw InputError(fmt::format("{}:portfolio={}: {} is named twice", kName, given->second, name));
+    }
+    members.push_back(&planner);
+  }
+  return members;
+}
+
+/// The caller's options without ballast's own parameters: each member plans by its own
+/// rules (degree, context).
+PlannerOptions member_options(const PlannerOptions& options) {
+  PlannerOptions member = options;
+  member.parameters.erase("portfolio");
+  member.parameters.erase("budget");
+  return member;
+}
+
+long long budget_of(const PlannerOptions& options) {
+  return integer_parameter_or(options, "budget", kDefaultBudgetSimulations, 0, kMaxBudgetSimulations);
+}
+
+/// The portfolio's best plan by the evaluator (ties: portfolio order); PlanningError naming
+/// the batch's longest sequence and every member's reason when none plans.
+Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+                       const PlanEvaluator& evaluator, Seconds& best_time_s) {
+  const PlannerOptions member = member_options(options);
+  std::optional<Plan> best;
+  std::vector<std::string> reasons;
+  for (const Planner* planner : portfolio_of(options)) {
+    Plan plan;
+    try {
+      plan = planner->plan(batch, cost, member, evaluator);
+    } catch (const PlanningError& error) {
+      reasons.push_back(fmt::format("{}: {}", planner->name(), error.what()));
+      continue;
+    } catch (const InputError& error) {  // options this member cannot take (its degree rule)
+      reasons.push_back(fmt::format("{}: {}", planner->name(), error.what()));
+      continue;
+    }
+    require_valid(plan, cost, fmt::format("{} (ballast's portfolio)", planner->name()));
+    const Seconds time_s = evaluator.step_time_s(plan);
+    if (!best || time_s < best_time_s) {
+      best = std::move(plan);
+      best_time_s = time_s;
+    }
+  }
+  if (!best) {
+    const auto longest = std::max_element(batch.lengths_tokens.begin(), batch.lengths_tokens.end());
+    throw PlanningError(fmt::format(
+        "{}: no strategy of its portfolio can plan sequence {} ({} tokens) with this batch: {}",
+        kName, longest - batch.lengths_tokens.begin(), with_thousands(*longest),
+        fmt::join(reasons, "; ")));
+  }
+  best->strategy = kName;
+  return std::move(*best);
+}
+
+/// Local search from `plan`: each round screens the moves by the incremental estimate and
+/// simulates the kSimulationsPerRound the estimate finds fastest (ties: generation order)
+/// until one simulates faster than the current plan (accepted: the next round starts from
+/// it); a round that finds none ends the search (the same plan would give the same
+/// moves). The estimate only orders the candidates: it is too coarse (docs/strategies.md)
+/// to rule out a move the simulator would accept. At most `budget` simulations and
+/// kScreenedMovesPerSimulation x budget screened moves.
+Plan improve(Plan plan, Seconds time_s, const CostModel& cost, const PlanEvaluator& evaluator,
+             long long budget) {
+  long long screens_left = kScreenedMovesPerSimulation * budget;
+  long long simulations_left = budget;
+  PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
+  while (simulations_left > 0 && screens_left > 0) {
+    std::vector<Move> moves = generate_moves(
+        plan, estimate, cost, static_cast<std::size_t>(std::min<long long>(screens_left, kMovesPerRound)));
+    screens_left -= static_cast<long long>(moves.size());
+    const Seconds current_s = estimate.step_time_s();
+    std::vector<std::pair<Seconds, std::size_t>> screened;  // (estimated step, move)
+    std::vector<std::vector<MicroBatchEstimate>> priced(moves.size());
+    for (std::size_t i = 0; i < moves.size(); ++i) {
+      Seconds step_s = current_s;
+      for (const MicroBatchEdit& edit : moves[i].edits) {
+        const MicroBatchEstimate& before = estimate.micro_batches[static_cast<std::size_t>(edit.index)];
+        priced[i].push_back(estimate_micro_batch(edit.micro_batch, cost, evaluator, &before, edit.origin));
+        step_s += priced[i].back().time_s - before.time_s;
+      }
+      screened.emplace_back(step_s, i);
+    }
+    std::stable_sort(screened.begin(), screened.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    bool accepted = false;
+    long long tries_left = kSimulationsPerRound;
+    for (const auto& [estimated_s, i] : screened) {
+      if (simulations_left == 0 || tries_left == 0) break;
+      Plan candidate = apply_move(plan, moves[i]);
+      if (!validate(candidate, cost).ok) continue;  // e.g. a rank out of memory
+      --simulations_left;
+      --tries_left;
+      const Seconds candidate_s = evaluator.step_time_s(candidate);
+      if (candidate_s >= time_s) continue;
+      for (std::size_t e = 0; e < moves[i].edits.size(); ++e) {
+        estimate.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
+      }
+      if (candidate.micro_batches.size() != plan.micro_batches.size()) {
+        estimate = estimate_plan(candidate, cost, evaluator);  // a micro-batch was emptied
+      }
+      plan = std::move(candidate);
+      time_s = candidate_s;
+      accepted = true;
+      break;
+    }
+    if (!accepted) break;
+  }
+  return plan;
+}
+
+class BallastPlanner final : public Planner {
+ public:
+  std::string name() const override { return kName; }
+  std::string description() const override {
+    return "the best plan of the other strategies (simulated), improved by a budgeted local "
+           "search over groups, schemes and micro-batches";
+  }
+  std::vector<PlannerParameter> parameters() const override {
+    return {{"portfolio", "strategies to start from, joined by '+', e.g. "
+                          "portfolio=flexsp-fast+zeppelin [default: every other registered "
+                          "strategy but flexsp]"},
+            {"budget", fmt::format("simulations the local search may spend; 0 keeps the "
+                                   "portfolio's best [default: {}]",
+                                   kDefaultBudgetSimulations)}};
+  }
+  void check_options(const PlannerOptions& options) const override {
+    portfolio_of(options);
+    budget_of(options);
+  }
+  bool takes_common_degree(const PlannerOptions& /*options*/) const override { return false; }
+  bool solves_milp(const PlannerOptions& options) const override {
+    const PlannerOptions member = member_options(options);
+    const auto members = portfolio_of(options);
+    return std::any_of(members.begin(), members.end(),
+                       [&](const Planner* planner) { return planner->solves_milp(member); });
+  }
+  /// The longest any member holds; a member whose options do not fit this cost model
+  /// (InputError) is left out, and only when every member is does the error surface.
+  Tokens longest_sequence_tokens(const CostModel& cost,
+                                 const PlannerOptions& options) const override {
+    const PlannerOptions member = member_options(options);
+    std::optional<Tokens> longest;
+    std::optional<InputError> first_error;
+    for (const Planner* planner : portfolio_of(options)) {
+      try {
+        const Tokens tokens = planner->longest_sequence_tokens(cost, member);
+        longest = std::max(longest.value_or(0), tokens);
+      } catch (const InputError& error) {
+        if (!first_error) first_error = error;
+      }
+    }
+    if (!longest) throw *first_error;
+    return *longest;
+  }
+  Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+            const PlanEvaluator& evaluator) const override {
+    make_plan_skeleton(batch, cost, kName);  // the input checks, before any member runs
+    Seconds time_s = 0;
+    Plan best = best_of_portfolio(batch, cost, options, evaluator, time_s);
+    return improve(std::move(best), time_s, cost, evaluator, budget_of(options));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Planner> make_ballast_planner() { return std::make_unique<BallastPlanner>(); }
+
+}  // namespace ballast::strategies

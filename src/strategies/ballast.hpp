@@ -1,0 +1,98 @@
+// The ballast strategy's parts (docs/strategies.md, "ballast"): its incremental step-time
+// estimate and its local-search moves. Internal to src/strategies (and its tests).
+//
+// The estimate prices a plan per micro-batch and rank from the CostModel as the
+// simulator's programs build it (src/sim/program.cpp, src/sim/schemes.cpp): overhead,
+// linear layers on the rank's linear tokens, tensor-parallel collectives, the remap's
+// transfers, and each attention group's compute plus the communication it cannot hide
+// (ring: max(attention, KV hops) per pass; all-gather and Ulysses: their collectives in
+// series with the compute). A micro-batch takes its slowest rank; ranks do not wait for
+// each other (queue order is ignored). Each group's per-member time is cached, so a move
+// that rewrites a few groups of a micro-batch prices only those.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ballast/cost_model.hpp"
+#include "ballast/plan.hpp"
+#include "ballast/strategy.hpp"
+
+namespace ballast::strategies::ballast_search {
+
+/// Whether a Ulysses group of `group_ranks` ranks is allowed on this cost model: the one
+/// place ballast asks (the plan IR's rule today: group size divides the KV heads per GPU
+/// of a TP group; it will follow plan.hpp when Ulysses may exceed the KV heads).
+bool ulysses_group_allowed(const CostModel& cost, int group_ranks);
+
+/// One group's estimated time on each member (both passes, forward weighted by
+/// pass_count), attention and the communication it waits for; no linear layers.
+struct GroupEstimate {
+  std::vector<int> ranks;
+  std::vector<Seconds> member_time_s;  ///< parallel to `ranks`
+};
+
+GroupEstimate estimate_group(const AttentionGroup& group, const CostModel& cost,
+                             const PlanEvaluator& evaluator);
+
+/// A micro-batch's estimate: per rank, its time; the micro-batch takes the largest.
+struct MicroBatchEstimate {
+  std::vector<GroupEstimate> groups;  ///< parallel to MicroBatch::groups
+  std::vector<Seconds> rank_time_s;   ///< per rank of the cluster; 0 for a rank left idle
+  Seconds time_s = 0;
+};
+
+/// `origin[g]` >= 0 says group g of `micro_batch` equals group origin[g] of the micro-batch
+/// `previous` was made for (its cached estimate is reused); -1 (or an empty `origin`, or
+/// no `previous`) prices the group afresh.
+MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const CostModel& cost,
+                                        const PlanEvaluator& evaluator,
+                                        const MicroBatchEstimate* previous = nullptr,
+                                        const std::vector<int>& origin = {});
+
+/// The whole plan's estimate: sum of the micro-batches' plus the exposed gradient sync
+/// (the last of gradient_sync_buckets, as GradientSync::overlap exposes it).
+struct PlanEstimate {
+  std::vector<MicroBatchEstimate> micro_batches;
+  Seconds gradient_sync_s = 0;
+  Seconds step_time_s() const;
+};
+
+PlanEstimate estimate_plan(const Plan& plan, const CostModel& cost, const PlanEvaluator& evaluator);
+
+/// A candidate: micro-batch `index` replaced by `micro_batch`, whose group g is the old
+/// group origin[g] (or new: -1).
+struct MicroBatchEdit {
+  int index = 0;
+  MicroBatch micro_batch;
+  std::vector<int> origin;
+};
+
+/// Which move made a candidate (the letters of docs/strategies.md, "ballast").
+enum class MoveKind {
+  move_local,      ///< (a) a local sequence from the slowest rank to the least-loaded one
+  extract,         ///< (b) a sequence out of a multi-sequence group: local or a new group
+  change_scheme,   ///< (c) ring / ulysses / all_gather on the same ranks
+  split,           ///< (d) a multi-sequence group into two halves
+  merge,           ///< (d) two groups of one scheme into one over their ranks
+  to_micro_batch,  ///< (e) a sequence into another micro-batch
+  count,
+};
+const char* move_name(MoveKind kind);
+
+struct Move {
+  MoveKind kind = MoveKind::move_local;
+  std::vector<MicroBatchEdit> edits;  ///< one or two micro-batches, ascending index
+};
+
+/// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
+/// micro-batch (slowest first) around its slowest rank, then (e) between the slowest and
+/// the fastest micro-batch. At most `max_moves`. Deterministic.
+std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
+                                 const CostModel& cost, std::size_t max_moves);
+
+/// `plan` with the move's micro-batches replaced.
+Plan apply_move(const Plan& plan, const Move& move);
+
+}  // namespace ballast::strategies::ballast_search

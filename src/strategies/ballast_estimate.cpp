@@ -1,0 +1,309 @@
+// The ballast strategy's incremental step-time estimate (ballast.hpp): per micro-batch
+// and rank from the CostModel, each group's part cached so a move re-prices only the
+// groups it rewrites. Tested against the simulator in tests/strategies/test_ballast.cpp.
+#include <algorithm>
+#include <map>
+
+#include "ballast.hpp"
+#include "ballast/tensor_parallel.hpp"
+#include "zeppelin_remap.hpp"
+
+namespace ballast::strategies::ballast_search {
+
+namespace {
+
+constexpr Pass kPasses[] = {Pass::forward, Pass::backward};
+
+/// Position of each rank in group.ranks.
+std::map<int, std::size_t> positions_of(const AttentionGroup& group) {
+  std::map<int, std::size_t> position;
+  for (std::size_t i = 0; i < group.ranks.size(); ++i) position[group.ranks[i]] = i;
+  return position;
+}
+
+/// Tokens each member holds (padding included), by position.
+std::vector<Tokens> member_tokens(const AttentionGroup& group,
+                                  const std::map<int, std::size_t>& position) {
+  std::vector<Tokens> tokens(group.ranks.size(), 0);
+  for (const SequenceChunks& sequence : group.sequences) {
+    for (const Chunk& chunk : sequence.chunks) tokens[position.at(chunk.rank)] += chunk.size();
+  }
+  return tokens;
+}
+
+/// Each member's own queries against every earlier key of their sequences (a ring or
+/// all-gather member's work over all steps; a local rank's whole documents).
+std::vector<std::vector<AttentionBlock>> own_query_blocks(
+    const AttentionGroup& group, const std::map<int, std::size_t>& position) {
+  std::vector<std::vector<AttentionBlock>> blocks(group.ranks.size());
+  for (const SequenceChunks& sequence : group.sequences) {
+    for (const Chunk& chunk : sequence.chunks) {
+      blocks[position.at(chunk.rank)].push_back(
+          {chunk.begin_tokens, chunk.end_tokens, 0, chunk.end_tokens});
+    }
+  }
+  return blocks;
+}
+
+Seconds blocks_time_s(const CostModel& cost, const std::vector<AttentionBlock>& blocks,
+                      int head_split, Pass pass) {
+  return blocks.empty() ? 0.0 : cost.attention_time_s(blocks, head_split, pass);
+}
+
+/// Ring: per pass, a member computes its queries against every block while the KV blocks
+/// travel (g - 1 hops forward; KV and dKV backward, so twice the hops): the pass takes the
+/// larger. A hop takes the slowest member's block over its link (routed when the group is).
+void estimate_ring(const AttentionGroup& group, const CostModel& cost,
+                   const PlanEvaluator& evaluator, GroupEstimate& estimate) {
+  const auto position = positions_of(group);
+  const std::vector<Tokens> tokens = member_tokens(group, position);
+  const std::size_t size = group.ranks.size();
+  const Bytes kv_per_token = cost.model().kv_bytes_per_token();
+  Seconds slowest_hop_s = 0;
+  for (std::size_t i = 0; i < size; ++i) {
+    const int src = group.ranks[i];
+    const int dst = group.ranks[(i + 1) % size];
+    const Bytes bytes = kv_per_token * tokens[i];
+    const bool routed = group.routing_proxies > 1 && !cost.cluster().same_node(src, dst);
+    slowest_hop_s = std::max(
+        slowest_hop_s, routed ? evaluator.transfer_time_s(bytes, src, dst, group.routing_proxies,
+                                                          group.routing_chunks)
+                              : cost.p2p_time_s(bytes, src, dst));
+  }
+  const Seconds hops_s = static_cast<double>(size - 1) * slowest_hop_s;
+  const auto blocks = own_query_blocks(group, position);
+  for (std::size_t i = 0; i < size; ++i) {
+    Seconds time_s = 0;
+    for (Pass pass : kPasses) {
+      const Seconds comm_s = pass == Pass::forward ? hops_s : 2 * hops_s;
+      time_s += pass_count(cost.model(), pass) *
+                std::max(blocks_time_s(cost, blocks[i], 1, pass), comm_s);
+    }
+    estimate.member_time_s[i] = time_s;
+  }
+}
+
+/// All-gather (KV gathered every pass, dKV reduce-scattered backward) and Ulysses (an
+/// all-to-all in and one out every pass; heads split group-size ways), not overlapped;
+/// local: the whole documents.
+void estimate_collective(const AttentionGroup& group, const CostModel& cost,
+                         GroupEstimate& estimate) {
+  const Model& model = cost.model();
+  const auto position = positions_of(group);
+  const std::vector<Tokens> tokens = member_tokens(group, position);
+  const auto size = static_cast<int>(group.ranks.size());
+  const auto bytes_of = [&](Bytes per_token) {
+    std::vector<Bytes> bytes;
+    for (Tokens held : tokens) bytes.push_back(held * per_token);
+    return bytes;
+  };
+  const bool ulysses = group.scheme == Scheme::ulysses && size > 1;
+  const bool all_gather = group.scheme == Scheme::all_gather && size > 1;
+  Seconds comm_forward_s = 0;
+  Seconds comm_backward_s = 0;
+  std::vector<AttentionBlock> documents;
+  if (ulysses) {
+    const Seconds qkv_s = cost.all_to_all_time_s(group.ranks, bytes_of(model.qkv_bytes_per_token()));
+    const Seconds hidden_s =
+        cost.all_to_all_time_s(group.ranks, bytes_of(model.hidden_bytes_per_token()));
+    comm_forward_s = comm_backward_s = qkv_s + hidden_s;
+    for (const SequenceChunks& sequence : group.sequences) {
+      documents.push_back(whole_document(sequence.padded_length_tokens));
+    }
+  } else if (all_gather) {
+    comm_forward_s = cost.all_gather_time_s(group.ranks, bytes_of(model.kv_bytes_per_token()));
+    comm_backward_s = 2 * comm_forward_s;
+  }
+  const auto blocks = own_query_blocks(group, position);
+  for (int i = 0; i < size; ++i) {
+    Seconds time_s = 0;
+    for (Pass pass : kPasses) {
+      const Seconds compute_s = ulysses ? blocks_time_s(cost, documents, size, pass)
+                                        : blocks_time_s(cost, blocks[i], 1, pass);
+      time_s += pass_count(model, pass) *
+                (compute_s + (pass == Pass::forward ? comm_forward_s : comm_backward_s));
+    }
+    estimate.member_time_s[i] = time_s;
+  }
+}
+
+/// Attention-only estimate of a packed-tiles cluster (the simulator prices each call's
+/// packed spans): per member, one call per ring step / gathered holder, or the Ulysses
+/// call over all the group's tokens; the communication as estimate_ring / _collective.
+void estimate_packed(const AttentionGroup& group, const CostModel& cost,
+                     const PlanEvaluator& evaluator, GroupEstimate& estimate) {
+  const auto position = positions_of(group);
+  std::vector<std::vector<DocumentRange>> spans(group.ranks.size());
+  for (std::size_t s = 0; s < group.sequences.size(); ++s) {
+    for (const Chunk& chunk : group.sequences[s].chunks) {
+      spans[position.at(chunk.rank)].push_back(
+          {static_cast<std::int64_t>(s), chunk.begin_tokens, chunk.end_tokens});
+    }
+  }
+  const auto call_s = [&](const std::vector<DocumentRange>& queries,
+                          const std::vector<DocumentRange>& keys, int head_split, Pass pass) {
+    return queries.empty() || keys.empty()
+               ? 0.0
+               : cost.attention_call_time_s({queries, keys}, head_split, pass);
+  };
+  const std::size_t size = group.ranks.size();
+  if (group.scheme == Scheme::ring && size > 1) {
+    // As estimate_ring, with the compute of every step's packed call.
+    const std::vector<Tokens> tokens = member_tokens(group, position);
+    Seconds slowest_hop_s = 0;
+    for (std::size_t i = 0; i < size; ++i) {
+      const int src = group.ranks[i];
+      const int dst = group.ranks[(i + 1) % size];
+      const Bytes bytes = cost.model().kv_bytes_per_token() * tokens[i];
+      const bool routed = group.routing_proxies > 1 && !cost.cluster().same_node(src, dst);
+      slowest_hop_s = std::max(
+          slowest_hop_s, routed ? evaluator.transfer_time_s(bytes, src, dst, group.routing_proxies,
+                                                            group.routing_chunks)
+                                : cost.p2p_time_s(bytes, src, dst));
+    }
+    const Seconds hops_s = static_cast<double>(size - 1) * slowest_hop_s;
+    for (std::size_t i = 0; i < size; ++i) {
+      Seconds time_s = 0;
+      for (Pass pass : kPasses) {
+        Seconds compute_s = 0;
+        for (std::size_t owner = 0; owner < size; ++owner)
+          compute_s += call_s(spans[i], spans[owner], 1, pass);
+        time_s += pass_count(cost.model(), pass) *
+                  std::max(compute_s, pass == Pass::forward ? hops_s : 2 * hops_s);
+      }
+      estimate.member_time_s[i] = time_s;
+    }
+    return;
+  }
+  // Local, all-gather, Ulysses: the collective estimate less its compute, plus the calls.
+  GroupEstimate unpacked{group.ranks, std::vector<Seconds>(size, 0)};
+  estimate_collective(group, cost, unpacked);
+  std::vector<DocumentRange> all;
+  for (const auto& span : spans) all.insert(all.end(), span.begin(), span.end());
+  const bool ulysses = group.scheme == Scheme::ulysses && size > 1;
+  for (std::size_t i = 0; i < size; ++i) {
+    Seconds packed_s = 0;
+    Seconds unpacked_compute_s = 0;
+    const auto blocks = own_query_blocks(group, position);
+    std::vector<AttentionBlock> documents;
+    for (const SequenceChunks& sequence : group.sequences)
+      documents.push_back(whole_document(sequence.padded_length_tokens));
+    for (Pass pass : kPasses) {
+      Seconds calls_s = 0;
+      if (ulysses) {
+        calls_s = call_s(all, all, static_cast<int>(size), pass);
+      } else if (size == 1) {
+        calls_s = call_s(spans[i], spans[i], 1, pass);
+      } else {
+        for (const auto& holder : spans) calls_s += call_s(spans[i], holder, 1, pass);
+      }
+      packed_s += pass_count(cost.model(), pass) * calls_s;
+      unpacked_compute_s +=
+          pass_count(cost.model(), pass) *
+          (ulysses ? blocks_time_s(cost, documents, static_cast<int>(size), pass)
+                   : blocks_time_s(cost, blocks[i], 1, pass));
+    }
+    estimate.member_time_s[i] = unpacked.member_time_s[i] - unpacked_compute_s + packed_s;
+  }
+}
+
+}  // namespace
+
+bool ulysses_group_allowed(const CostModel& cost, int group_ranks) {
+  return group_ranks >= 1 && ulysses_kv_heads(cost.model(), cost.cluster()) % group_ranks == 0;
+}
+
+GroupEstimate estimate_group(const AttentionGroup& group, const CostModel& cost,
+                             const PlanEvaluator& evaluator) {
+  GroupEstimate estimate{group.ranks, std::vector<Seconds>(group.ranks.size(), 0)};
+  if (cost.cluster().attention_tiles_packed) {
+    estimate_packed(group, cost, evaluator, estimate);
+  } else if (group.scheme == Scheme::ring && group.ranks.size() > 1) {
+    estimate_ring(group, cost, evaluator, estimate);
+  } else {
+    estimate_collective(group, cost, estimate);
+  }
+  return estimate;
+}
+
+MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const CostModel& cost,
+                                        const PlanEvaluator& evaluator,
+                                        const MicroBatchEstimate* previous,
+                                        const std::vector<int>& origin) {
+  const int ranks = cost.cluster().ranks();
+  MicroBatchEstimate estimate;
+  estimate.rank_time_s.assign(static_cast<std::size_t>(ranks), 0.0);
+  std::vector<Tokens> linear_tokens(static_cast<std::size_t>(ranks), 0);
+  std::vector<bool> participates(static_cast<std::size_t>(ranks), false);
+  for (std::size_t g = 0; g < micro_batch.groups.size(); ++g) {
+    const AttentionGroup& group = micro_batch.groups[g];
+    const int from = previous != nullptr && g < origin.size() ? origin[g] : -1;
+    estimate.groups.push_back(from >= 0 ? previous->groups[static_cast<std::size_t>(from)]
+                                        : estimate_group(group, cost, evaluator));
+    const GroupEstimate& priced = estimate.groups.back();
+    for (std::size_t i = 0; i < priced.ranks.size(); ++i) {
+      estimate.rank_time_s[static_cast<std::size_t>(priced.ranks[i])] += priced.member_time_s[i];
+      participates[static_cast<std::size_t>(priced.ranks[i])] = true;
+    }
+    if (!micro_batch.linear_layout.empty()) continue;
+    for (const SequenceChunks& sequence : group.sequences) {
+      for (const Chunk& chunk : sequence.chunks) linear_tokens[static_cast<std::size_t>(chunk.rank)] += chunk.size();
+    }
+  }
+  for (const LinearSlice& slice : micro_batch.linear_layout) {
+    linear_tokens[static_cast<std::size_t>(slice.rank)] += slice.end_tokens - slice.begin_tokens;
+  }
+  const Model& model = cost.model();
+  const double forward_passes = pass_count(model, Pass::forward);
+  if (!micro_batch.linear_layout.empty()) {
+    // Each remap (to attention and back, every pass): a rank sends and receives its
+    // flows one after another on its ports; it waits for the longer direction.
+    std::map<std::pair<int, int>, Tokens> moved;  // (linear rank, attention rank)
+    for (const RemapMove& move : remap_moves(micro_batch, micro_batch.linear_layout)) {
+      moved[{move.src_rank, move.dst_rank}] += move.tokens;
+    }
+    std::vector<Seconds> send_s(static_cast<std::size_t>(ranks), 0.0);
+    std::vector<Seconds> receive_s(static_cast<std::size_t>(ranks), 0.0);
+    for (const auto& [pair, tokens] : moved) {
+      const Seconds time_s = cost.p2p_time_s(tokens * model.hidden_bytes_per_token(), pair.first, pair.second);
+      send_s[static_cast<std::size_t>(pair.first)] += time_s;
+      receive_s[static_cast<std::size_t>(pair.second)] += time_s;
+    }
+    for (int rank = 0; rank < ranks; ++rank) {
+      const auto r = static_cast<std::size_t>(rank);
+      estimate.rank_time_s[r] += 2 * (forward_passes + 1) * std::max(send_s[r], receive_s[r]);
+    }
+  }
+  const Seconds overhead_s = forward_passes * cost.micro_batch_overhead_s(Pass::forward) +
+                             cost.micro_batch_overhead_s(Pass::backward);
+  for (int rank = 0; rank < ranks; ++rank) {
+    const auto r = static_cast<std::size_t>(rank);
+    if (linear_tokens[r] > 0) participates[r] = true;
+    if (!participates[r]) continue;
+    estimate.rank_time_s[r] += overhead_s +
+                               forward_passes * cost.linear_time_s(linear_tokens[r], Pass::forward) +
+                               cost.linear_time_s(linear_tokens[r], Pass::backward) +
+                               cost.tensor_parallel_time_s(linear_tokens[r]);
+    estimate.time_s = std::max(estimate.time_s, estimate.rank_time_s[r]);
+  }
+  return estimate;
+}
+
+Seconds PlanEstimate::step_time_s() const {
+  Seconds step_s = gradient_sync_s;
+  for (const MicroBatchEstimate& micro_batch : micro_batches) step_s += micro_batch.time_s;
+  return step_s;
+}
+
+PlanEstimate estimate_plan(const Plan& plan, const CostModel& cost, const PlanEvaluator& evaluator) {
+  PlanEstimate estimate;
+  // The overlapped sync's last bucket waits for the end of the last backward pass
+  // (simulator.hpp, gradient_sync_buckets: one bucket per layer).
+  estimate.gradient_sync_s = cost.gradient_bucket_sync_time_s(std::max(1, cost.model().layers));
+  for (const MicroBatch& micro_batch : plan.micro_batches) {
+    estimate.micro_batches.push_back(estimate_micro_batch(micro_batch, cost, evaluator));
+  }
+  return estimate;
+}
+
+}  // namespace ballast::strategies::ballast_search

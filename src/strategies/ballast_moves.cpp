@@ -1,0 +1,482 @@
+// The ballast strategy's local-search moves (ballast.hpp, docs/strategies.md "ballast"):
+// each rewrites one or two micro-batches around a micro-batch's slowest rank, keeping
+// explicit queues consistent and the remap's layout rebuilt (or dropped) for what it moved.
+#include <algorithm>
+#include <numeric>
+
+#include "ballast.hpp"
+#include "builders.hpp"
+#include "ulysses.hpp"
+#include "zeppelin_remap.hpp"
+
+namespace ballast::strategies::ballast_search {
+
+namespace {
+
+/// Sequences of one kind a move tries per group (the longest ones, or those closest to
+/// the ideal amount to shift): more screens more moves for little gain.
+constexpr std::size_t kSequencesPerGroup = 3;
+
+Tokens length_of(const Plan& plan, std::int64_t id) {
+  return plan.sequence_lengths_tokens[static_cast<std::size_t>(id)];
+}
+
+/// A group of `scheme` over `ranks` holding whole sequences `ids` (in that order): local on
+/// one rank; unpadded zigzag chunks for ring and all-gather; Ulysses' contiguous ranges of
+/// the concatenated sequences (ulysses_group, no padding).
+AttentionGroup build_group(Scheme scheme, const std::vector<int>& ranks,
+                           const std::vector<std::int64_t>& ids, const Plan& plan) {
+  if (ranks.size() > 1 && scheme == Scheme::ulysses) return ulysses_group(ids, ranks, plan);
+  AttentionGroup group;
+  group.scheme = ranks.size() == 1 ? Scheme::local : scheme;
+  group.ranks = ranks;
+  for (std::int64_t id : ids) {
+    const Tokens length = length_of(plan, id);
+    if (ranks.size() == 1) {
+      group.sequences.push_back(whole_sequence(id, length, ranks.front()));
+    } else {
+      group.sequences.push_back({id, length, zigzag_chunks_unpadded(length, ranks)});
+    }
+  }
+  return group;
+}
+
+std::vector<std::int64_t> ids_of(const AttentionGroup& group) {
+  std::vector<std::int64_t> ids;
+  for (const SequenceChunks& sequence : group.sequences) ids.push_back(sequence.sequence_id);
+  return ids;
+}
+
+bool holds_rank(const AttentionGroup& group, int rank) {
+  return std::find(group.ranks.begin(), group.ranks.end(), rank) != group.ranks.end();
+}
+
+/// One micro-batch being rewritten: groups erased, replaced or appended, with `origin`
+/// tracking which groups are unchanged and queues kept listing each rank's groups.
+class EditBuilder {
+ public:
+  EditBuilder(const Plan& plan, int index) : plan_(plan) {
+    edit_.index = index;
+    edit_.micro_batch = plan.micro_batches[static_cast<std::size_t>(index)];
+    edit_.origin.resize(edit_.micro_batch.groups.size());
+    std::iota(edit_.origin.begin(), edit_.origin.end(), 0);
+  }
+  const MicroBatch& micro_batch() const { return edit_.micro_batch; }
+
+  void erase_group(int g) {
+    auto& groups = edit_.micro_batch.groups;
+    groups.erase(groups.begin() + g);
+    edit_.origin.erase(edit_.origin.begin() + g);
+    for (std::vector<int>& queue : edit_.micro_batch.queues) {
+      queue.erase(std::remove(queue.begin(), queue.end(), g), queue.end());
+      for (int& entry : queue) entry -= entry > g ? 1 : 0;
+    }
+  }
+  /// Appended last in each member's queue: it waits for everything they ran before, so
+  /// no queue order can deadlock on it.
+  void append_group(AttentionGroup group) {
+    const auto g = static_cast<int>(edit_.micro_batch.groups.size());
+    if (!edit_.micro_batch.queues.empty()) {
+      for (int rank : group.ranks) edit_.micro_batch.queues[static_cast<std::size_t>(rank)].push_back(g);
+    }
+    edit_.micro_batch.groups.push_back(std::move(group));
+    edit_.origin.push_back(-1);
+  }
+  /// A group on the same ranks (queues unchanged).
+  void replace_group(int g, AttentionGroup group) {
+    edit_.micro_batch.groups[static_cast<std::size_t>(g)] = std::move(group);
+    edit_.origin[static_cast<std::size_t>(g)] = -1;
+  }
+  /// Removes sequence `s` of group `g` (the group's other sequences keep their chunks,
+  /// Ulysses' are re-cut over the ranks; an emptied group is erased); returns its id.
+  std::int64_t take_sequence(int g, std::size_t s) {
+    AttentionGroup group = edit_.micro_batch.groups[static_cast<std::size_t>(g)];
+    const std::int64_t id = group.sequences[s].sequence_id;
+    group.sequences.erase(group.sequences.begin() + static_cast<std::ptrdiff_t>(s));
+    if (group.sequences.empty()) {
+      erase_group(g);
+    } else if (group.scheme == Scheme::ulysses) {
+      AttentionGroup recut = build_group(Scheme::ulysses, group.ranks, ids_of(group), plan_);
+      replace_group(g, std::move(recut));
+    } else {
+      replace_group(g, std::move(group));
+    }
+    return id;
+  }
+  /// The sequence whole on `rank`: into the rank's local group, or a new one.
+  void add_local(int rank, std::int64_t id) {
+    auto& groups = edit_.micro_batch.groups;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g].scheme != Scheme::local || groups[g].ranks != std::vector<int>{rank}) continue;
+      AttentionGroup grown = groups[g];
+      grown.sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
+      replace_group(static_cast<int>(g), std::move(grown));
+      return;
+    }
+    append_group(build_group(Scheme::local, {rank}, {id}, plan_));
+  }
+  /// The edit, with a remap's linear layout rebuilt for the new chunks (zeppelin's
+  /// balanced_linear_layout, which needs unpadded chunks; dropped when some are padded).
+  MicroBatchEdit finish() {
+    MicroBatch& micro_batch = edit_.micro_batch;
+    if (!micro_batch.linear_layout.empty()) {
+      bool padded = false;
+      for (const AttentionGroup& group : micro_batch.groups) {
+        for (const SequenceChunks& sequence : group.sequences) {
+          padded = padded || sequence.padded_length_tokens != length_of(plan_, sequence.sequence_id);
+        }
+      }
+      micro_batch.linear_layout.clear();
+      if (!padded) micro_batch.linear_layout = balanced_linear_layout(micro_batch, plan_.cluster);
+    }
+    return std::move(edit_);
+  }
+
+ private:
+  const Plan& plan_;
+  MicroBatchEdit edit_;
+};
+
+/// Ranks in ascending estimated time (ties: lower rank).
+std::vector<int> ranks_by_load(const std::vector<Seconds>& rank_time_s) {
+  std::vector<int> order(rank_time_s.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return rank_time_s[static_cast<std::size_t>(a)] < rank_time_s[static_cast<std::size_t>(b)];
+  });
+  return order;
+}
+
+/// The `count` least-loaded ranks of the node whose count-th least-loaded rank is the
+/// least loaded (ties: lower node), ascending; empty when count exceeds a node.
+std::vector<int> least_loaded_on_one_node(const Cluster& cluster,
+                                          const std::vector<Seconds>& rank_time_s, int count) {
+  if (count > cluster.gpus_per_node) return {};
+  std::vector<int> best;
+  Seconds best_s = 0;
+  for (int node = 0; node < cluster.nodes; ++node) {
+    std::vector<Seconds> loads(rank_time_s.begin() + node * cluster.gpus_per_node,
+                               rank_time_s.begin() + (node + 1) * cluster.gpus_per_node);
+    std::vector<int> order = ranks_by_load(loads);
+    order.resize(static_cast<std::size_t>(count));
+    const Seconds score_s = loads[static_cast<std::size_t>(order.back())];
+    if (!best.empty() && score_s >= best_s) continue;
+    best_s = score_s;
+    best.clear();
+    for (int local : order) best.push_back(node * cluster.gpus_per_node + local);
+  }
+  std::sort(best.begin(), best.end());
+  return best;
+}
+
+/// Time of one sequence alone on one rank (attention + linear, both passes): what a move
+/// shifts from one rank to another.
+Seconds local_sequence_time_s(const CostModel& cost, Tokens length) {
+  Seconds time_s = 0;
+  const AttentionBlock block = whole_document(length);
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    time_s += pass_count(cost.model(), pass) *
+              (cost.attention_time_s({&block, 1}, 1, pass) + cost.linear_time_s(length, pass));
+  }
+  return time_s;
+}
+
+/// Indices of the sequences of `group` to try: the kSequencesPerGroup whose local time is
+/// closest to `ideal_s` (ties: lower index).
+std::vector<std::size_t> sequences_near(const AttentionGroup& group, const Plan& plan,
+                                        const CostModel& cost, Seconds ideal_s) {
+  std::vector<std::pair<Seconds, std::size_t>> scored;
+  for (std::size_t s = 0; s < group.sequences.size(); ++s) {
+    const Seconds time_s = local_sequence_time_s(cost, length_of(plan, group.sequences[s].sequence_id));
+    scored.emplace_back(std::abs(time_s - ideal_s), s);
+  }
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::size_t> picked;
+  for (std::size_t i = 0; i < scored.size() && i < kSequencesPerGroup; ++i) picked.push_back(scored[i].second);
+  return picked;
+}
+
+/// Indices of the kSequencesPerGroup longest sequences (ties: lower index).
+std::vector<std::size_t> longest_sequences(const AttentionGroup& group, const Plan& plan) {
+  std::vector<std::size_t> order(group.sequences.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return length_of(plan, group.sequences[a].sequence_id) >
+           length_of(plan, group.sequences[b].sequence_id);
+  });
+  if (order.size() > kSequencesPerGroup) order.resize(kSequencesPerGroup);
+  return order;
+}
+
+/// Group sizes a new group of one node may take: powers of two up to a node, and the node.
+std::vector<int> node_group_sizes(const Cluster& cluster) {
+  std::vector<int> sizes;
+  for (int size = 2; size < cluster.gpus_per_node; size *= 2) sizes.push_back(size);
+  if (cluster.gpus_per_node >= 2) sizes.push_back(cluster.gpus_per_node);
+  return sizes;
+}
+
+class MoveGenerator {
+ public:
+  MoveGenerator(const Plan& plan, const PlanEstimate& estimate, const CostModel& cost,
+                std::size_t max_moves)
+      : plan_(plan), estimate_(estimate), cost_(cost), max_moves_(max_moves) {}
+
+  std::vector<Move> run() {
+    const std::vector<int> order = micro_batches_by_time();
+    for (int m : order) {
+      if (full()) break;
+      around_slowest_rank(m);
+    }
+    if (order.size() >= 2) between_micro_batches(order.front(), order.back());
+    if (moves_.size() > max_moves_) moves_.resize(max_moves_);
+    return std::move(moves_);
+  }
+
+ private:
+  bool full() const { return moves_.size() >= max_moves_; }
+  const MicroBatch& micro_batch(int m) const { return plan_.micro_batches[static_cast<std::size_t>(m)]; }
+  const std::vector<Seconds>& loads(int m) const {
+    return estimate_.micro_batches[static_cast<std::size_t>(m)].rank_time_s;
+  }
+  void add(MoveKind kind, EditBuilder edit) { moves_.push_back({kind, {edit.finish()}}); }
+
+  /// Slowest first (ties: lower index).
+  std::vector<int> micro_batches_by_time() const {
+    std::vector<int> order(plan_.micro_batches.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return estimate_.micro_batches[static_cast<std::size_t>(a)].time_s >
+             estimate_.micro_batches[static_cast<std::size_t>(b)].time_s;
+    });
+    return order;
+  }
+
+  void around_slowest_rank(int m) {
+    const std::vector<int> by_load = ranks_by_load(loads(m));
+    const int slowest = by_load.back();
+    const int least = by_load.front();
+    if (slowest == least) return;
+    const Seconds gap_s = loads(m)[static_cast<std::size_t>(slowest)] - loads(m)[static_cast<std::size_t>(least)];
+    const auto& groups = micro_batch(m).groups;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const AttentionGroup& group = groups[g];
+      if (!holds_rank(group, slowest)) continue;
+      const bool local = group.ranks.size() == 1;
+      if (local) move_local(m, static_cast<int>(g), least, gap_s);
+      if (group.sequences.size() >= 2) extract(m, static_cast<int>(g), least);
+      if (!local) change_scheme(m, static_cast<int>(g));
+      if (!local && group.sequences.size() >= 2) split(m, static_cast<int>(g));
+      if (!local) merge(m, static_cast<int>(g));
+    }
+  }
+
+  /// (a) A sequence of the slowest rank's local group to the least-loaded rank, the ones
+  /// whose time is closest to half the gap between them first.
+  void move_local(int m, int g, int least, Seconds gap_s) {
+    const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
+    for (std::size_t s : sequences_near(group, plan_, cost_, gap_s / 2)) {
+      EditBuilder edit(plan_, m);
+      const std::int64_t id = edit.take_sequence(g, s);
+      edit.add_local(least, id);
+      add(MoveKind::move_local, std::move(edit));
+    }
+  }
+
+  /// (b) One of a multi-sequence group's longest sequences out: local on the least-loaded
+  /// rank (from a group of several ranks), or a new ring / Ulysses group on the
+  /// least-loaded ranks of one node.
+  void extract(int m, int g, int least) {
+    const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
+    for (std::size_t s : longest_sequences(group, plan_)) {
+      if (group.ranks.size() > 1) {
+        EditBuilder edit(plan_, m);
+        const std::int64_t id = edit.take_sequence(g, s);
+        edit.add_local(least, id);
+        add(MoveKind::extract, std::move(edit));
+      }
+      for (int size : node_group_sizes(cost_.cluster())) {
+        for (Scheme scheme : {Scheme::ring, Scheme::ulysses}) {
+          if (scheme == Scheme::ulysses && !ulysses_group_allowed(cost_, size)) continue;
+          EditBuilder edit(plan_, m);
+          const std::int64_t id = edit.take_sequence(g, s);
+          // Loads as the move leaves them would need a re-estimate; the current ones
+          // pick the node (the slowest rank's share of it is small next to the node's).
+          const std::vector<int> ranks = least_loaded_on_one_node(cost_.cluster(), loads(m), size);
+          if (ranks.empty()) continue;
+          edit.append_group(build_group(scheme, ranks, {id}, plan_));
+          add(MoveKind::extract, std::move(edit));
+        }
+      }
+    }
+  }
+
+  /// (c) The group's sequences under another scheme on the same ranks.
+  void change_scheme(int m, int g) {
+    const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
+    for (Scheme scheme : {Scheme::ring, Scheme::ulysses, Scheme::all_gather}) {
+      if (scheme == group.scheme) continue;
+      if (scheme == Scheme::ulysses && !ulysses_group_allowed(cost_, static_cast<int>(group.ranks.size()))) continue;
+      EditBuilder edit(plan_, m);
+      edit.replace_group(g, build_group(scheme, group.ranks, ids_of(group), plan_));
+      add(MoveKind::change_scheme, std::move(edit));
+    }
+  }
+
+  /// The scheme a group of `ranks` may keep: Ulysses where allowed, else ring.
+  Scheme scheme_for(Scheme wanted, std::size_t ranks) const {
+    if (wanted == Scheme::ulysses && !ulysses_group_allowed(cost_, static_cast<int>(ranks))) return Scheme::ring;
+    return wanted;
+  }
+
+  /// (d) Split: the group's ranks halved, its sequences dealt longest first to the half
+  /// with the least attention work per rank (s^2 / ranks).
+  void split(int m, int g) {
+    const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
+    const std::size_t half = group.ranks.size() / 2;
+    const std::vector<int> first(group.ranks.begin(), group.ranks.begin() + static_cast<std::ptrdiff_t>(half));
+    const std::vector<int> second(group.ranks.begin() + static_cast<std::ptrdiff_t>(half), group.ranks.end());
+    std::vector<std::int64_t> ids = ids_of(group);
+    std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t a, std::int64_t b) {
+      return length_of(plan_, a) > length_of(plan_, b);
+    });
+    std::vector<std::int64_t> first_ids, second_ids;
+    double first_work = 0, second_work = 0;
+    for (std::int64_t id : ids) {
+      const auto length = static_cast<double>(length_of(plan_, id));
+      if (first_work / static_cast<double>(first.size()) <= second_work / static_cast<double>(second.size())) {
+        first_ids.push_back(id);
+        first_work += length * length;
+      } else {
+        second_ids.push_back(id);
+        second_work += length * length;
+      }
+    }
+    EditBuilder edit(plan_, m);
+    edit.erase_group(g);
+    edit.append_group(build_group(scheme_for(group.scheme, first.size()), first, first_ids, plan_));
+    if (!second_ids.empty()) {
+      edit.append_group(build_group(scheme_for(group.scheme, second.size()), second, second_ids, plan_));
+    }
+    add(MoveKind::split, std::move(edit));
+  }
+
+  /// (d) Merge: the group and the least-loaded other group of the same scheme and size on
+  /// other ranks become one group over both (ranks ascending).
+  void merge(int m, int g) {
+    const auto& groups = micro_batch(m).groups;
+    const AttentionGroup& group = groups[static_cast<std::size_t>(g)];
+    int partner = -1;
+    Seconds partner_s = 0;
+    for (std::size_t h = 0; h < groups.size(); ++h) {
+      const AttentionGroup& other = groups[h];
+      if (static_cast<int>(h) == g || other.scheme != group.scheme || other.ranks.size() != group.ranks.size()) continue;
+      const bool disjoint = std::none_of(other.ranks.begin(), other.ranks.end(),
+                                         [&](int rank) { return holds_rank(group, rank); });
+      if (!disjoint) continue;
+      Seconds load_s = 0;
+      for (int rank : other.ranks) load_s = std::max(load_s, loads(m)[static_cast<std::size_t>(rank)]);
+      if (partner < 0 || load_s < partner_s) {
+        partner = static_cast<int>(h);
+        partner_s = load_s;
+      }
+    }
+    if (partner < 0) return;
+    const AttentionGroup& other = groups[static_cast<std::size_t>(partner)];
+    std::vector<int> ranks = group.ranks;
+    ranks.insert(ranks.end(), other.ranks.begin(), other.ranks.end());
+    std::sort(ranks.begin(), ranks.end());
+    if (group.scheme == Scheme::ulysses && !ulysses_group_allowed(cost_, static_cast<int>(ranks.size()))) return;
+    std::vector<std::int64_t> ids = ids_of(group);
+    const std::vector<std::int64_t> other_ids = ids_of(other);
+    ids.insert(ids.end(), other_ids.begin(), other_ids.end());
+    EditBuilder edit(plan_, m);
+    edit.erase_group(std::max(g, partner));
+    edit.erase_group(std::min(g, partner));
+    edit.append_group(build_group(group.scheme, ranks, ids, plan_));
+    add(MoveKind::merge, std::move(edit));
+  }
+
+  /// (e) From the slowest micro-batch's slowest rank to the fastest micro-batch: a group
+  /// of one sequence moves whole (same ranks and scheme), a sequence of a larger group
+  /// goes local on that micro-batch's least-loaded rank.
+  void between_micro_batches(int from, int to) {
+    const std::vector<int> by_load = ranks_by_load(loads(from));
+    const int slowest = by_load.back();
+    const int least = ranks_by_load(loads(to)).front();
+    const Seconds gap_s = estimate_.micro_batches[static_cast<std::size_t>(from)].time_s -
+                          estimate_.micro_batches[static_cast<std::size_t>(to)].time_s;
+    const auto& groups = micro_batch(from).groups;
+    for (std::size_t g = 0; g < groups.size() && !full(); ++g) {
+      const AttentionGroup& group = groups[g];
+      if (!holds_rank(group, slowest)) continue;
+      for (std::size_t s : sequences_near(group, plan_, cost_, gap_s / 2)) {
+        EditBuilder source(plan_, from);
+        EditBuilder target(plan_, to);
+        if (group.sequences.size() == 1) {
+          source.erase_group(static_cast<int>(g));
+          AttentionGroup moved = group;
+          target.append_group(std::move(moved));
+        } else {
+          const std::int64_t id = source.take_sequence(static_cast<int>(g), s);
+          target.add_local(least, id);
+        }
+        Move move{MoveKind::to_micro_batch, {}};
+        move.edits.push_back(source.finish());
+        move.edits.push_back(target.finish());
+        if (move.edits[0].index > move.edits[1].index) std::swap(move.edits[0], move.edits[1]);
+        moves_.push_back(std::move(move));
+      }
+    }
+  }
+
+  const Plan& plan_;
+  const PlanEstimate& estimate_;
+  const CostModel& cost_;
+  std::size_t max_moves_;
+  std::vector<Move> moves_;
+};
+
+}  // namespace
+
+const char* move_name(MoveKind kind) {
+  switch (kind) {
+    case MoveKind::move_local:
+      return "move-local";
+    case MoveKind::extract:
+      return "extract";
+    case MoveKind::change_scheme:
+      return "change-scheme";
+    case MoveKind::split:
+      return "split";
+    case MoveKind::merge:
+      return "merge";
+    case MoveKind::to_micro_batch:
+      return "to-micro-batch";
+    case MoveKind::count:
+      break;
+  }
+  return "?";
+}
+
+std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
+                                 const CostModel& cost, std::size_t max_moves) {
+  return MoveGenerator(plan, estimate, cost, max_moves).run();
+}
+
+Plan apply_move(const Plan& plan, const Move& move) {
+  Plan moved = plan;
+  for (const MicroBatchEdit& edit : move.edits) {
+    moved.micro_batches[static_cast<std::size_t>(edit.index)] = edit.micro_batch;
+  }
+  // A micro-batch the move emptied runs nothing: drop it (highest index first).
+  for (auto it = move.edits.rbegin(); it != move.edits.rend(); ++it) {
+    if (moved.micro_batches[static_cast<std::size_t>(it->index)].groups.empty()) {
+      moved.micro_batches.erase(moved.micro_batches.begin() + it->index);
+    }
+  }
+  return moved;
+}
+
+}  // namespace ballast::strategies::ballast_search
