@@ -62,6 +62,9 @@ const std::vector<ScaleCase>& all_cases() {
       // GPUs, and 10^5 sequences on 65,536 GPUs (kMaxRanks).
       {"short-1M", "wikipedia", 1'000'000, std::nullopt, 4096, kNodes, false},
       {"wlbllm-100k-64Ki-gpus", "wlbllm", 100'000, std::nullopt, 131072, 8192, false},
+      // The planning-time target of issue 21 (docs/strategies.md, "ballast"): 8,192
+      // wlbllm sequences on 1,024 GPUs; only with --cases.
+      {"wlbllm-8Ki-1Ki-gpus", "wlbllm", 8192, std::nullopt, 131072, 128, false},
   };
   return cases;
 }
