@@ -327,15 +327,33 @@ void expect_names_a_too_long_sequence(const std::string& message,
   EXPECT_GT(lengths[static_cast<std::size_t>(id)], strategy_max) << message;
 }
 
+/// Whether the planner plans with a portfolio of the other strategies (it takes a
+/// "portfolio" parameter, as ballast does): it costs about their sum per batch, and each of
+/// them is checked here on every batch already.
+bool runs_a_portfolio(const Planner& planner) {
+  const auto keys = planner.parameters();
+  return std::any_of(keys.begin(), keys.end(),
+                     [](const PlannerParameter& parameter) { return parameter.key == "portfolio"; });
+}
+
+/// The options a strategy runs with here: a portfolio planner gets a small search budget
+/// (its search beyond that is the same code on more candidates).
+PlannerOptions harness_options(const Planner& planner) {
+  PlannerOptions options;
+  if (runs_a_portfolio(planner)) options.parameters["budget"] = "4";
+  return options;
+}
+
 /// Plans one batch and checks every property (gtest assertions; a fatal one returns early).
 void check_batch(const Planner& planner, const CostModel& cost,
                  const SimulatorEvaluator& evaluator, const Batch& batch, Tokens strategy_max,
                  Tally& tally) {
+  const PlannerOptions options = harness_options(planner);
   ++tally.batches;
   const bool runnable = batch.max_length_tokens() <= strategy_max;
   Plan plan;
   try {
-    plan = planner.plan(batch, cost, {}, evaluator);
+    plan = planner.plan(batch, cost, options, evaluator);
   } catch (const PlanningError& error) {
     ++tally.planning_errors;
     EXPECT_FALSE(runnable) << "PlanningError on a batch whose longest sequence ("
@@ -352,14 +370,16 @@ void check_batch(const Planner& planner, const CostModel& cost,
   const SimulationReport report = simulate(plan, cost);
   EXPECT_GE(report.step_time_s, report.lower_bound.time_s * (1 - 1e-9))
       << "bound " << report.lower_bound.time_s << " (" << report.lower_bound.binding << ")";
-  const Plan again = planner.plan(batch, cost, {}, evaluator);
+  const Plan again = planner.plan(batch, cost, options, evaluator);
   ASSERT_EQ(plan_to_string(plan), plan_to_string(again)) << "a rerun planned differently";
   EXPECT_EQ(report.step_time_s, simulate(again, cost).step_time_s);
 }
 
 /// Batches per (strategy, setup) at scale 1 (1,500 per strategy); a MILP planner gets two
-/// of each shape per setup it runs on (160 small batches).
+/// of each shape per setup it runs on (160 small batches), a portfolio planner a third
+/// (every shape still five times per setup).
 constexpr int kBatchesPerSetup = 150;
+constexpr int kPortfolioBatchesPerSetup = kBatchesPerSetup / 3;
 constexpr int kMilpBatchesPerSetup = 2 * static_cast<int>(Shape::count);
 constexpr std::size_t kMilpMaxSequences = 16;
 constexpr int kMilpMaxGpus = 16;
@@ -369,9 +389,11 @@ class StrategyProperties : public ::testing::TestWithParam<std::string> {};
 TEST_P(StrategyProperties, ValidAboveTheBoundAndDeterministic) {
   const Planner& planner = find_planner(GetParam());
   const bool milp = planner.solves_milp({});
+  const int batches = milp                         ? kMilpBatchesPerSetup
+                      : runs_a_portfolio(planner) ? kPortfolioBatchesPerSetup
+                                                  : kBatchesPerSetup;
   const int per_setup =
-      std::max(1, static_cast<int>(std::lround((milp ? kMilpBatchesPerSetup : kBatchesPerSetup) *
-                                               volume_scale())));
+      std::max(1, static_cast<int>(std::lround(batches * volume_scale())));
   Tally& tally = tallies()[planner.name()];
   const double start_s = cpu_seconds();
   for (std::size_t s = 0; s < setups().size(); ++s) {
@@ -383,7 +405,7 @@ TEST_P(StrategyProperties, ValidAboveTheBoundAndDeterministic) {
     Capacities capacity;
     capacity.ranks = cost.cluster().ranks();
     const SimulatorEvaluator evaluator(cost);  // one per cost model, as compare keeps one
-    capacity.strategy_max = planner.longest_sequence_tokens(cost, {});
+    capacity.strategy_max = planner.longest_sequence_tokens(cost, harness_options(planner));
     capacity.gpu = usable_tokens_per_rank(cost, Scheme::local, 1);
     capacity.ring_gpu = usable_tokens_per_rank(cost, Scheme::ring, 2);
     capacity.cluster = capacity.ring_gpu * capacity.ranks;
