@@ -22,8 +22,8 @@
 namespace ballast::strategies::ballast_search {
 
 /// Whether a Ulysses group of `group_ranks` ranks is allowed on this cost model: the one
-/// place ballast asks (the plan IR's rule today: group size divides the KV heads per GPU
-/// of a TP group; it will follow plan.hpp when Ulysses may exceed the KV heads).
+/// place ballast asks: plan.hpp's ulysses_degree_allowed (a size dividing the heads per GPU
+/// of a TP group, KV heads replicated when it exceeds them).
 bool ulysses_group_allowed(const CostModel& cost, int group_ranks);
 
 /// One group's estimated time on each member (both passes, forward weighted by

@@ -103,7 +103,9 @@ void estimate_collective(const AttentionGroup& group, const CostModel& cost,
   Seconds comm_backward_s = 0;
   std::vector<AttentionBlock> documents;
   if (ulysses) {
-    const Seconds qkv_s = cost.all_to_all_time_s(group.ranks, bytes_of(model.qkv_bytes_per_token()));
+    const Seconds qkv_s = cost.all_to_all_time_s(
+        group.ranks, bytes_of(ulysses_qkv_bytes_per_token(model, cost.cluster().tensor_parallel.gpus,
+                                                          static_cast<int>(size))));
     const Seconds hidden_s =
         cost.all_to_all_time_s(group.ranks, bytes_of(model.hidden_bytes_per_token()));
     comm_forward_s = comm_backward_s = qkv_s + hidden_s;
@@ -210,7 +212,9 @@ void estimate_packed(const AttentionGroup& group, const CostModel& cost,
 }  // namespace
 
 bool ulysses_group_allowed(const CostModel& cost, int group_ranks) {
-  return group_ranks >= 1 && ulysses_kv_heads(cost.model(), cost.cluster()) % group_ranks == 0;
+  // The plan IR's rule (KV heads replicated beyond their count, any size dividing the heads).
+  return group_ranks >= 1 &&
+         ulysses_degree_allowed(cost.model(), cost.cluster().tensor_parallel.gpus, group_ranks);
 }
 
 GroupEstimate estimate_group(const AttentionGroup& group, const CostModel& cost,
