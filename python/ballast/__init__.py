@@ -201,7 +201,7 @@ def tensor_parallel_degrees(cluster: ClusterLike, model: ModelLike, *, nodes: Op
 
 
 def plan(lengths: Lengths, cluster: ClusterLike = "h100", model: ModelLike = "llama-7b",
-         strategy: str = "zeppelin", *, nodes: Optional[int] = None,
+         strategy: str = "ballast", *, nodes: Optional[int] = None,
          cost_model: str = "analytical", step: int = 0,
          max_context_tokens: Optional[int] = None, tensor_parallel: int = 1) -> Plan:
     """Plan one global batch: which rank holds which tokens, in which attention group.
@@ -214,7 +214,8 @@ def plan(lengths: Lengths, cluster: ClusterLike = "h100", model: ModelLike = "ll
             dict with the cluster JSON's fields.
         model: a preset name (``model_presets()``), a JSON file path, a ``Model`` or a dict.
         strategy: a strategy spec (``strategies()``), e.g. ``"flexsp-fast"``,
-            ``"zeppelin:remap=off"``, ``"static-cp:degree=8"``.
+            ``"zeppelin:remap=off"``, ``"static-cp:degree=8"``; default ``"ballast"``,
+            the best of the other strategies' plans improved by a local search.
         nodes: overrides the cluster's node count.
         cost_model: ``"analytical"``, a profiled preset or a JSON file path.
         step: the step number recorded in the plan.

@@ -138,6 +138,13 @@ check "plan json parses" json_ok "$work/plan.json"
 "$ballast" plan --strategy hybrid-dp --nodes 1 --tokens-per-step 200000 -o "$work/plan2.json"
 check "plan is deterministic" cmp -s "$work/plan.json" "$work/plan2.json"
 
+# Without --strategy, plan and simulate use ballast's own strategy (issue 21).
+code=$(run "$work/default-plan.json" "$work/err" "$ballast" plan --nodes 1 --tokens-per-step 200000)
+check "plan without --strategy exits 0" test "$code" = 0
+check "plan without --strategy uses ballast" has "$work/default-plan.json" '"strategy": "ballast"'
+code=$(run "$work/default-sim.txt" "$work/err" "$ballast" simulate --nodes 1 --tokens-per-step 200000)
+check "simulate without --strategy uses ballast" has "$work/default-sim.txt" "strategy ballast"
+
 code=$(run "$work/valid.txt" "$work/err" "$ballast" validate "$work/plan.json")
 check "validate good plan exits 0" test "$code" = 0
 check "validate says valid" has "$work/valid.txt" "valid"

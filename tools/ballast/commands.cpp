@@ -216,8 +216,9 @@ int run_plan(const PlanArgs& args) {
   if (format == Format::csv) throw InputError("ballast plan writes JSON; use --format json or text");
   const RunSettings settings = settings_from(args.workload, 1);
   const RunInputs inputs = resolve_inputs(settings);
+  const std::string strategy = args.strategy.empty() ? std::string(kDefaultStrategy) : args.strategy;
   const StrategySpec spec = parse_strategy_spec(
-      apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner_options());
+      apply_ablation_flags(args.workload, {strategy}).front(), settings.planner_options());
   check_strategy_spec(spec, *inputs.cost);
   warn_over_context(settings.sampler, inputs.sampler_stats);
   Output output(args.output.output_path);
@@ -227,7 +228,7 @@ int run_plan(const PlanArgs& args) {
   for (std::size_t i = 0; i < inputs.batches.size(); ++i) {
     const Plan plan = spec.planner->plan(inputs.batches[i], *inputs.cost, spec.options,
                                          SimulatorEvaluator(*inputs.cost, settings.gradient_sync));
-    require_valid(plan, *inputs.cost, "made by " + args.strategy);
+    require_valid(plan, *inputs.cost, "made by " + strategy);
     if (several && i > 0) text += ",\n";
     text += plan_to_string(plan);
   }
@@ -286,17 +287,14 @@ int run_simulate(const SimulateArgs& args) {
     }
     plans = read_plan_file(args.plan_path);  // each plan carries its own cost model
   } else {
-    if (args.strategy.empty()) {
-      throw InputError("ballast simulate needs --strategy NAME (see `ballast list strategies`) "
-                       "or --plan FILE");
-    }
+    const std::string strategy = args.strategy.empty() ? std::string(kDefaultStrategy) : args.strategy;
     RunSettings settings;
     settings.steps = 1;
     if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
     apply_workload_flags(args.workload, settings);
     RunInputs inputs = resolve_inputs(settings);
     const StrategySpec spec = parse_strategy_spec(
-        apply_ablation_flags(args.workload, {args.strategy}).front(), settings.planner_options());
+        apply_ablation_flags(args.workload, {strategy}).front(), settings.planner_options());
     check_strategy_spec(spec, *inputs.cost);
     warn_over_context(settings.sampler, inputs.sampler_stats);
     strategy_label = spec.text;

@@ -16,10 +16,14 @@ inline constexpr int kExitInvalidPlan = 1;
 inline constexpr int kExitBadInput = 2;
 inline constexpr int kExitInternal = 3;
 
+/// The strategy `ballast plan` and `ballast simulate` use without --strategy (issue 21):
+/// ballast's own, the best of the others improved by its local search.
+inline constexpr const char* kDefaultStrategy = "ballast";
+
 struct PlanArgs {
   WorkloadFlags workload;
   OutputFlags output;
-  std::string strategy;
+  std::string strategy;  ///< empty: kDefaultStrategy
 };
 struct SimulateArgs {
   WorkloadFlags workload;

@@ -76,7 +76,7 @@ int run(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "plan global batches with one strategy; writes the plan JSON");
   add_workload_flags(*plan, plan_args.workload);
   add_output_flags(*plan, plan_args.output, false);
-  plan->add_option("--strategy", plan_args.strategy, "strategy, optionally with parameters: name[:key=value...] (see `ballast list strategies`)")->required();
+  plan->add_option("--strategy", plan_args.strategy, "strategy, optionally with parameters: name[:key=value...] (see `ballast list strategies`) [default: ballast]");
   plan->footer("examples:\n  ballast plan --strategy packed-dp -o plan.json\n"
                "  ballast plan --strategy static-cp --degree 8 --dataset prolong --cluster a800-roce --nodes 2\n"
                "  ballast plan --strategy hybrid-dp --steps 3 -o plans.json   # a JSON array of 3 plans");
@@ -91,7 +91,7 @@ int run(int argc, char** argv) {
   auto* simulate = app.add_subcommand("simulate", "predict the step timeline of a plan (or of a strategy's plan)");
   add_workload_flags(*simulate, simulate_args.workload);
   add_output_flags(*simulate, simulate_args.output);
-  simulate->add_option("--strategy", simulate_args.strategy, "plan with this strategy, then simulate");
+  simulate->add_option("--strategy", simulate_args.strategy, "plan with this strategy, then simulate [default without --plan: ballast]");
   simulate->add_option("--plan", simulate_args.plan_path, "simulate this plan file instead");
   simulate->add_option("--scenario", simulate_args.scenario,
                        "take a scenario's workload settings, steps included (see `ballast list "
