@@ -50,13 +50,10 @@ Seconds blocks_time_s(const CostModel& cost, const std::vector<AttentionBlock>& 
   return blocks.empty() ? 0.0 : cost.attention_time_s(blocks, head_split, pass);
 }
 
-/// Ring: per pass, a member computes its queries against every block while the KV blocks
-/// travel (g - 1 hops forward; KV and dKV backward, so twice the hops): the pass takes the
-/// larger. A hop takes the slowest member's block over its link (routed when the group is).
-void estimate_ring(const AttentionGroup& group, const CostModel& cost,
-                   const PlanEvaluator& evaluator, GroupEstimate& estimate) {
-  const auto position = positions_of(group);
-  const std::vector<Tokens> tokens = member_tokens(group, position);
+/// The forward pass's g - 1 KV hops of a ring, each as long as the slowest member's block
+/// over its link (routed when the group is).
+Seconds ring_hops_s(const AttentionGroup& group, const std::vector<Tokens>& tokens,
+                    const CostModel& cost, const PlanEvaluator& evaluator) {
   const std::size_t size = group.ranks.size();
   const Bytes kv_per_token = cost.model().kv_bytes_per_token();
   Seconds slowest_hop_s = 0;
@@ -70,7 +67,17 @@ void estimate_ring(const AttentionGroup& group, const CostModel& cost,
                                                           group.routing_chunks)
                               : cost.p2p_time_s(bytes, src, dst));
   }
-  const Seconds hops_s = static_cast<double>(size - 1) * slowest_hop_s;
+  return static_cast<double>(size - 1) * slowest_hop_s;
+}
+
+/// Ring: per pass, a member computes its queries against every block while the KV blocks
+/// travel (g - 1 hops forward; KV and dKV backward, so twice the hops): the pass takes the
+/// larger. A hop takes the slowest member's block over its link (routed when the group is).
+void estimate_ring(const AttentionGroup& group, const CostModel& cost,
+                   const PlanEvaluator& evaluator, GroupEstimate& estimate) {
+  const auto position = positions_of(group);
+  const std::size_t size = group.ranks.size();
+  const Seconds hops_s = ring_hops_s(group, member_tokens(group, position), cost, evaluator);
   const auto blocks = own_query_blocks(group, position);
   for (std::size_t i = 0; i < size; ++i) {
     Seconds time_s = 0;
@@ -151,19 +158,7 @@ void estimate_packed(const AttentionGroup& group, const CostModel& cost,
   const std::size_t size = group.ranks.size();
   if (group.scheme == Scheme::ring && size > 1) {
     // As estimate_ring, with the compute of every step's packed call.
-    const std::vector<Tokens> tokens = member_tokens(group, position);
-    Seconds slowest_hop_s = 0;
-    for (std::size_t i = 0; i < size; ++i) {
-      const int src = group.ranks[i];
-      const int dst = group.ranks[(i + 1) % size];
-      const Bytes bytes = cost.model().kv_bytes_per_token() * tokens[i];
-      const bool routed = group.routing_proxies > 1 && !cost.cluster().same_node(src, dst);
-      slowest_hop_s = std::max(
-          slowest_hop_s, routed ? evaluator.transfer_time_s(bytes, src, dst, group.routing_proxies,
-                                                            group.routing_chunks)
-                                : cost.p2p_time_s(bytes, src, dst));
-    }
-    const Seconds hops_s = static_cast<double>(size - 1) * slowest_hop_s;
+    const Seconds hops_s = ring_hops_s(group, member_tokens(group, position), cost, evaluator);
     for (std::size_t i = 0; i < size; ++i) {
       Seconds time_s = 0;
       for (Pass pass : kPasses) {
