@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,17 @@ const std::vector<CostSetup>& setups() {
     return made;
   }();
   return all;
+}
+
+/// The planner's plan of the batch, or nothing when it raises PlanningError (a strategy
+/// that cannot hold the batch is skipped by every comparison below).
+std::optional<Plan> plan_or_skip(const Planner& planner, const Batch& batch, const CostModel& cost,
+                                 const PlanEvaluator& evaluator) {
+  try {
+    return planner.plan(batch, cost, {}, evaluator);
+  } catch (const PlanningError&) {
+    return std::nullopt;
+  }
 }
 
 /// A seeded batch of a bundled dataset: about one step of the cluster's local capacity
@@ -97,12 +109,9 @@ TEST(BallastEstimate, AgreesWithTheSimulator) {
       const Batch batch = sampled_batch(cost, static_cast<std::uint64_t>(b));
       std::vector<std::pair<Seconds, Seconds>> times;  // (simulated, estimated)
       for (const Planner* planner : compared_planners()) {
-        Plan plan;
-        try {
-          plan = planner->plan(batch, cost, {}, evaluator);
-        } catch (const PlanningError&) {
-          continue;
-        }
+        const std::optional<Plan> plan_or = plan_or_skip(*planner, batch, cost, evaluator);
+        if (!plan_or) continue;
+        const Plan& plan = *plan_or;
         const Seconds simulated_s = simulate(plan, cost).step_time_s;
         const Seconds estimated_s = estimate_plan(plan, cost, evaluator).step_time_s();
         const double ratio = estimated_s / simulated_s;
@@ -141,12 +150,9 @@ TEST(BallastEstimate, IncrementalEqualsFromScratch) {
     for (int b = 0; b < 2; ++b) {
       const Batch batch = sampled_batch(cost, static_cast<std::uint64_t>(100 + b));
       for (const Planner* planner : compared_planners()) {
-        Plan plan;
-        try {
-          plan = planner->plan(batch, cost, {}, evaluator);
-        } catch (const PlanningError&) {
-          continue;
-        }
+        const std::optional<Plan> plan_or = plan_or_skip(*planner, batch, cost, evaluator);
+        if (!plan_or) continue;
+        const Plan& plan = *plan_or;
         const PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
         for (const Move& move : generate_moves(plan, estimate, cost, 64)) {
           for (const MicroBatchEdit& edit : move.edits) {
@@ -174,12 +180,9 @@ TEST(BallastMoves, MostMovesGiveValidPlans) {
     const SimulatorEvaluator evaluator(cost);
     const Batch batch = sampled_batch(cost, 7);
     for (const Planner* planner : compared_planners()) {
-      Plan plan;
-      try {
-        plan = planner->plan(batch, cost, {}, evaluator);
-      } catch (const PlanningError&) {
-        continue;
-      }
+      const std::optional<Plan> plan_or = plan_or_skip(*planner, batch, cost, evaluator);
+      if (!plan_or) continue;
+      const Plan& plan = *plan_or;
       const PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
       for (const Move& move : generate_moves(plan, estimate, cost, 64)) {
         ++total;
@@ -212,12 +215,9 @@ TEST(BallastPlanner, ValidDeterministicAndNoWorseThanItsPortfolio) {
       EXPECT_LE(step_s, portfolio_s) << setup.label << " batch " << b;
       Seconds best_member_s = 1e300;
       for (const Planner* planner : compared_planners()) {
-        Plan member;
-        try {
-          member = planner->plan(batch, cost, {}, evaluator);
-        } catch (const PlanningError&) {
-          continue;
-        }
+        const std::optional<Plan> member_or = plan_or_skip(*planner, batch, cost, evaluator);
+        if (!member_or) continue;
+        const Plan& member = *member_or;
         const Seconds member_s = simulate(member, cost).step_time_s;
         best_member_s = std::min(best_member_s, member_s);
         EXPECT_LE(step_s, member_s) << setup.label << " batch " << b << " " << planner->name();
