@@ -107,14 +107,13 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
     members.resize(static_cast<std::size_t>(g));
     member_bytes.assign(static_cast<std::size_t>(g), 0);
     for (int i = 0; i < g; ++i) members[i] = i;
-    const auto placed_s = [&](Bytes bytes_per_token, Pass /*pass*/) {
+    const auto placed_s = [&](Bytes bytes_per_token) {
       for (int i = 0; i < g; ++i) member_bytes[i] = ceil_div(length, static_cast<Tokens>(g)) * bytes_per_token;
       return cost.all_to_all_time_s(members, member_bytes);
     };
-    const Seconds placed_total_s =
-        forward_passes * (placed_s(model.qkv_bytes_per_token(), Pass::forward) +
-                          placed_s(model.hidden_bytes_per_token(), Pass::forward)) +
-        placed_s(model.hidden_bytes_per_token(), Pass::backward) + placed_s(model.qkv_bytes_per_token(), Pass::backward);
+    // The same two all-to-alls in each pass (QKV and O forward, dO and dQKV backward).
+    const Seconds placed_total_s = (forward_passes + 1.0) * (placed_s(model.qkv_bytes_per_token()) +
+                                                             placed_s(model.hidden_bytes_per_token()));
     all_to_all_s = std::min(all_to_all_s, placed_total_s);
     best_s = std::min(best_s, attention_s / g + all_to_all_s);
   }
