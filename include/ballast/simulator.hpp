@@ -130,6 +130,8 @@ class SimulatorEvaluator final : public PlanEvaluator {
   /// simulate(validated_plan, cost).step_time_s without validating the plan again (the
   /// caller validated it; a planner validates each candidate once).
   Seconds step_time_s(const Plan& validated_plan) const override;
+  /// One simulation: its step time and each rank's busy_s + exposed_communication_s.
+  PlanEvaluation evaluate(const Plan& validated_plan) const override;
   /// isolated_transfer_time_s(cost, ...), remembered per argument tuple: planners ask for
   /// the same transfers again and again (Zeppelin's crossover search, every plan), and a
   /// routed transfer is a small flow simulation of its own. Thread-safe.

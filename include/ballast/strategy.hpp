@@ -42,11 +42,25 @@ struct PlannerOptions {
 
 /// What a planner may ask about candidate plans; provided by whoever calls the planner (the CLI,
 /// compare, the Python module, tests), so planners never depend on the simulator.
+/// A plan's predicted step and where its ranks spend it (PlanEvaluator::evaluate).
+struct PlanEvaluation {
+  Seconds step_time_s = 0;
+  /// Per rank of the cluster, its own time summed over the micro-batches: compute plus the
+  /// communication compute does not hide (RankTimes busy_s + exposed_communication_s).
+  /// Empty when the evaluator only predicts step times.
+  std::vector<Seconds> rank_time_s;
+};
+
 class PlanEvaluator {
  public:
   virtual ~PlanEvaluator() = default;
   /// Predicted step time of a plan that validate() accepted.
   virtual Seconds step_time_s(const Plan& validated_plan) const = 0;
+  /// step_time_s() and, where the evaluator knows them, the ranks' own times (one
+  /// simulation for both with SimulatorEvaluator). Default: no rank times.
+  virtual PlanEvaluation evaluate(const Plan& validated_plan) const {
+    return {step_time_s(validated_plan), {}};
+  }
   /// Time of one transfer alone on an idle cluster (see isolated_transfer_time_s).
   virtual Seconds transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
                                   int routing_proxies, int routing_chunks) const = 0;

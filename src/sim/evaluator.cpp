@@ -14,6 +14,17 @@ Seconds SimulatorEvaluator::step_time_s(const Plan& validated_plan) const {
       .step_time_s;
 }
 
+PlanEvaluation SimulatorEvaluator::evaluate(const Plan& validated_plan) const {
+  const SimulationReport report =
+      sim::simulate_validated(validated_plan, cost_, {.gradient_sync = gradient_sync_});
+  PlanEvaluation evaluation{report.step_time_s, {}};
+  evaluation.rank_time_s.reserve(report.ranks.size());
+  for (const RankTimes& rank : report.ranks) {
+    evaluation.rank_time_s.push_back(rank.busy_s + rank.exposed_communication_s);
+  }
+  return evaluation;
+}
+
 Seconds SimulatorEvaluator::transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
                                             int routing_proxies, int routing_chunks) const {
   const TransferKey key{bytes_per_layer, src_rank, dst_rank, routing_proxies, routing_chunks};

@@ -88,7 +88,7 @@ long long budget_of(const PlannerOptions& options) {
 /// The portfolio's best plan by the evaluator (ties: portfolio order); PlanningError naming
 /// the batch's longest sequence and every member's reason when none plans.
 Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
-                       const PlanEvaluator& evaluator, Seconds& best_time_s) {
+                       const PlanEvaluator& evaluator, PlanEvaluation& best_evaluation) {
   const PlannerOptions member = member_options(options);
   std::optional<Plan> best;
   std::vector<std::string> reasons;
@@ -104,10 +104,10 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
       continue;
     }
     require_valid(plan, cost, fmt::format("{} (ballast's portfolio)", planner->name()));
-    const Seconds time_s = evaluator.step_time_s(plan);
-    if (!best || time_s < best_time_s) {
+    PlanEvaluation evaluation = evaluator.evaluate(plan);
+    if (!best || evaluation.step_time_s < best_evaluation.step_time_s) {
       best = std::move(plan);
-      best_time_s = time_s;
+      best_evaluation = std::move(evaluation);
     }
   }
   if (!best) {
@@ -121,31 +121,39 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
   return std::move(*best);
 }
 
-/// Local search from `plan`: each round screens the moves by the incremental estimate and
-/// simulates the kSimulationsPerRound the estimate finds fastest (ties: generation order)
-/// until one simulates faster than the current plan (accepted: the next round starts from
-/// it); a round that finds none ends the search (the same plan would give the same
-/// moves). The estimate only orders the candidates: it is too coarse (docs/strategies.md)
-/// to rule out a move the simulator would accept. At most `budget` simulations and
+/// Local search from `plan`: each round screens the moves by the incremental estimate,
+/// anchored to the last simulation (rank_offsets(): what the estimate misses on a rank
+/// stays missed unless a move changes the rank's work), and simulates the
+/// kSimulationsPerRound the anchored estimate finds fastest (ties: generation order) until
+/// one simulates faster than the current plan (accepted: the next round starts from it);
+/// a round that finds none ends the search (the same plan would give the same moves). The
+/// estimate only orders the candidates: it is too coarse (docs/strategies.md) to rule out
+/// a move the simulator would accept. At most `budget` simulations and
 /// kScreenedMovesPerSimulation x budget screened moves.
-Plan improve(Plan plan, Seconds time_s, const CostModel& cost, const PlanEvaluator& evaluator,
+Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const PlanEvaluator& evaluator,
              long long budget) {
   long long screens_left = kScreenedMovesPerSimulation * budget;
   long long simulations_left = budget;
-  PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
+  PlanEstimate raw = estimate_plan(plan, cost, evaluator);
+  RankOffsets offsets = rank_offsets(raw, evaluation.rank_time_s);
+  PlanEstimate estimate = anchored(raw, offsets);
+  const auto offsets_of = [&](int m) -> const std::vector<Seconds>& {
+    static const std::vector<Seconds> kNone;
+    return offsets.empty() ? kNone : offsets[static_cast<std::size_t>(m)];
+  };
   while (simulations_left > 0 && screens_left > 0) {
     std::vector<Move> moves = generate_moves(
         plan, estimate, cost, static_cast<std::size_t>(std::min<long long>(screens_left, kMovesPerRound)));
     screens_left -= static_cast<long long>(moves.size());
     const Seconds current_s = estimate.step_time_s();
     std::vector<std::pair<Seconds, std::size_t>> screened;  // (estimated step, move)
-    std::vector<std::vector<MicroBatchEstimate>> priced(moves.size());
+    std::vector<std::vector<MicroBatchEstimate>> priced(moves.size());  // raw, per edit
     for (std::size_t i = 0; i < moves.size(); ++i) {
       Seconds step_s = current_s;
       for (const MicroBatchEdit& edit : moves[i].edits) {
-        const MicroBatchEstimate& before = estimate.micro_batches[static_cast<std::size_t>(edit.index)];
-        priced[i].push_back(estimate_micro_batch(edit.micro_batch, cost, evaluator, &before, edit.origin));
-        step_s += priced[i].back().time_s - before.time_s;
+        const auto m = static_cast<std::size_t>(edit.index);
+        priced[i].push_back(estimate_micro_batch(edit.micro_batch, cost, evaluator, &raw.micro_batches[m], edit.origin));
+        step_s += anchored(priced[i].back(), offsets_of(edit.index)).time_s - estimate.micro_batches[m].time_s;
       }
       screened.emplace_back(step_s, i);
     }
@@ -159,16 +167,18 @@ Plan improve(Plan plan, Seconds time_s, const CostModel& cost, const PlanEvaluat
       if (!validate(candidate, cost).ok) continue;  // e.g. a rank out of memory
       --simulations_left;
       --tries_left;
-      const Seconds candidate_s = evaluator.step_time_s(candidate);
-      if (candidate_s >= time_s) continue;
+      PlanEvaluation candidate_evaluation = evaluator.evaluate(candidate);
+      if (candidate_evaluation.step_time_s >= evaluation.step_time_s) continue;
       for (std::size_t e = 0; e < moves[i].edits.size(); ++e) {
-        estimate.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
+        raw.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
       }
       if (candidate.micro_batches.size() != plan.micro_batches.size()) {
-        estimate = estimate_plan(candidate, cost, evaluator);  // a micro-batch was emptied
+        raw = estimate_plan(candidate, cost, evaluator);  // a micro-batch was emptied
       }
       plan = std::move(candidate);
-      time_s = candidate_s;
+      evaluation = std::move(candidate_evaluation);
+      offsets = rank_offsets(raw, evaluation.rank_time_s);
+      estimate = anchored(raw, offsets);
       accepted = true;
       break;
     }
@@ -224,9 +234,9 @@ class BallastPlanner final : public Planner {
   Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
             const PlanEvaluator& evaluator) const override {
     make_plan_skeleton(batch, cost, kName);  // the input checks, before any member runs
-    Seconds time_s = 0;
-    Plan best = best_of_portfolio(batch, cost, options, evaluator, time_s);
-    return improve(std::move(best), time_s, cost, evaluator, budget_of(options));
+    PlanEvaluation evaluation;
+    Plan best = best_of_portfolio(batch, cost, options, evaluator, evaluation);
+    return improve(std::move(best), std::move(evaluation), cost, evaluator, budget_of(options));
   }
 };
 

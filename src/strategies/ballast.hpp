@@ -61,6 +61,22 @@ struct PlanEstimate {
 
 PlanEstimate estimate_plan(const Plan& plan, const CostModel& cost, const PlanEvaluator& evaluator);
 
+/// The estimate anchored to a simulation of the same plan: per micro-batch and rank, the
+/// share of the rank's simulated time (PlanEvaluation::rank_time_s) that the estimate
+/// misses, split over its micro-batches in proportion to the estimate (all of it with one
+/// micro-batch). Adding it to a candidate's estimate keeps what the simulator saw on the
+/// ranks a move leaves alone (a ring whose hops contend on the NICs, say) instead of
+/// trusting the coarse estimate there. Empty when the evaluator gave no rank times.
+using RankOffsets = std::vector<std::vector<Seconds>>;  ///< [micro-batch][rank]
+RankOffsets rank_offsets(const PlanEstimate& estimate, const std::vector<Seconds>& simulated_rank_time_s);
+
+/// `estimate` plus `offset_s` on each rank it gives time (a rank without work keeps 0),
+/// its time_s the largest; `offset_s` empty leaves it as it is.
+MicroBatchEstimate anchored(MicroBatchEstimate estimate, const std::vector<Seconds>& offset_s);
+
+/// Every micro-batch anchored with its offsets (rank_offsets() of a simulation of the plan).
+PlanEstimate anchored(const PlanEstimate& estimate, const RankOffsets& offsets);
+
 /// A candidate: micro-batch `index` replaced by `micro_batch`, whose group g is the old
 /// group origin[g] (or new: -1).
 struct MicroBatchEdit {

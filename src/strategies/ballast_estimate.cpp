@@ -5,6 +5,7 @@
 #include <map>
 
 #include "ballast.hpp"
+#include "ballast/error.hpp"
 #include "ballast/tensor_parallel.hpp"
 #include "zeppelin_remap.hpp"
 
@@ -292,6 +293,48 @@ Seconds PlanEstimate::step_time_s() const {
   Seconds step_s = gradient_sync_s;
   for (const MicroBatchEstimate& micro_batch : micro_batches) step_s += micro_batch.time_s;
   return step_s;
+}
+
+RankOffsets rank_offsets(const PlanEstimate& estimate, const std::vector<Seconds>& simulated_rank_time_s) {
+  if (simulated_rank_time_s.empty()) return {};
+  const std::size_t ranks = simulated_rank_time_s.size();
+  std::vector<Seconds> estimated_s(ranks, 0.0);
+  for (const MicroBatchEstimate& micro_batch : estimate.micro_batches) {
+    BALLAST_CHECK(micro_batch.rank_time_s.size() == ranks, "an estimate per rank of the simulation");
+    for (std::size_t r = 0; r < ranks; ++r) estimated_s[r] += micro_batch.rank_time_s[r];
+  }
+  RankOffsets offsets;
+  for (const MicroBatchEstimate& micro_batch : estimate.micro_batches) {
+    std::vector<Seconds>& offset_s = offsets.emplace_back(ranks, 0.0);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      if (estimated_s[r] <= 0) continue;
+      offset_s[r] = (simulated_rank_time_s[r] - estimated_s[r]) * (micro_batch.rank_time_s[r] / estimated_s[r]);
+    }
+  }
+  return offsets;
+}
+
+MicroBatchEstimate anchored(MicroBatchEstimate estimate, const std::vector<Seconds>& offset_s) {
+  if (offset_s.empty()) return estimate;
+  BALLAST_CHECK(offset_s.size() == estimate.rank_time_s.size(), "an offset per rank");
+  estimate.time_s = 0;
+  for (std::size_t r = 0; r < offset_s.size(); ++r) {
+    if (estimate.rank_time_s[r] <= 0) continue;
+    estimate.rank_time_s[r] = std::max<Seconds>(0, estimate.rank_time_s[r] + offset_s[r]);
+    estimate.time_s = std::max(estimate.time_s, estimate.rank_time_s[r]);
+  }
+  return estimate;
+}
+
+PlanEstimate anchored(const PlanEstimate& estimate, const RankOffsets& offsets) {
+  if (offsets.empty()) return estimate;
+  BALLAST_CHECK(offsets.size() == estimate.micro_batches.size(), "offsets per micro-batch");
+  PlanEstimate result;
+  result.gradient_sync_s = estimate.gradient_sync_s;
+  for (std::size_t m = 0; m < offsets.size(); ++m) {
+    result.micro_batches.push_back(anchored(estimate.micro_batches[m], offsets[m]));
+  }
+  return result;
 }
 
 PlanEstimate estimate_plan(const Plan& plan, const CostModel& cost, const PlanEvaluator& evaluator) {

@@ -171,6 +171,50 @@ TEST(BallastEstimate, IncrementalEqualsFromScratch) {
   EXPECT_GT(moves_checked, 100);
 }
 
+// The anchored estimate of a plan gives each rank exactly its simulated time (split over
+// micro-batches as the estimate splits it); evaluate() is one simulation's figures; no
+// rank times (an evaluator that only predicts steps) leave the estimate as it is.
+TEST(BallastEstimate, AnchoredToASimulationGivesItsRankTimes) {
+  int plans = 0;
+  for (const CostSetup& setup : setups()) {
+    const CostModel& cost = *setup.cost;
+    const SimulatorEvaluator evaluator(cost);
+    for (int b = 0; b < 2; ++b) {
+      const Batch batch = sampled_batch(cost, static_cast<std::uint64_t>(200 + b));
+      for (const Planner* planner : compared_planners()) {
+        const std::optional<Plan> plan_or = plan_or_skip(*planner, batch, cost, evaluator);
+        if (!plan_or) continue;
+        const Plan& plan = *plan_or;
+        const SimulationReport report = simulate(plan, cost);
+        const PlanEvaluation evaluation = evaluator.evaluate(plan);
+        ASSERT_EQ(evaluation.step_time_s, report.step_time_s);
+        ASSERT_EQ(evaluation.rank_time_s.size(), report.ranks.size());
+        const PlanEstimate raw = estimate_plan(plan, cost, evaluator);
+        const PlanEstimate estimate = anchored(raw, rank_offsets(raw, evaluation.rank_time_s));
+        ASSERT_EQ(estimate.micro_batches.size(), raw.micro_batches.size());
+        for (std::size_t r = 0; r < report.ranks.size(); ++r) {
+          EXPECT_EQ(evaluation.rank_time_s[r], report.ranks[r].busy_s + report.ranks[r].exposed_communication_s);
+          Seconds raw_s = 0, anchored_s = 0;
+          for (std::size_t m = 0; m < raw.micro_batches.size(); ++m) {
+            raw_s += raw.micro_batches[m].rank_time_s[r];
+            anchored_s += estimate.micro_batches[m].rank_time_s[r];
+          }
+          if (raw_s > 0) {
+            EXPECT_NEAR(anchored_s, evaluation.rank_time_s[r], 1e-9 * evaluation.rank_time_s[r] + 1e-12)
+                << setup.label << " " << planner->name() << " rank " << r;
+          } else {
+            EXPECT_EQ(anchored_s, 0) << setup.label << " " << planner->name() << " rank " << r;
+          }
+        }
+        const PlanEstimate unanchored = anchored(raw, rank_offsets(raw, {}));
+        ASSERT_EQ(unanchored.step_time_s(), raw.step_time_s());
+        ++plans;
+      }
+    }
+  }
+  EXPECT_GT(plans, 20);
+}
+
 // Every move keeps the plan valid, or validate() names why (memory): the search never
 // simulates an invalid plan, and most moves are valid.
 TEST(BallastMoves, MostMovesGiveValidPlans) {
