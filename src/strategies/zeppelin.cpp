@@ -77,73 +77,113 @@ Plan with_remap(Plan plan, const CostModel& cost) {
 
 }  // namespace
 
+namespace {
+
+/// The unrouted twin of `plan` (every group on its own NICs), or nothing when no group of
+/// `plan` is routed.
+std::optional<Plan> unrouted_twin(const Plan& plan) {
+  Plan direct = plan;
+  bool routed = false;
+  for (MicroBatch& micro_batch : direct.micro_batches) {
+    for (AttentionGroup& group : micro_batch.groups) {
+      routed = routed || group.routing_proxies > 1;
+      group.routing_proxies = 1;
+      group.routing_chunks = 1;
+    }
+  }
+  if (!routed) return std::nullopt;
+  return direct;
+}
+
+/// Keeps the fastest valid plan by the evaluator; ties keep the one offered first.
+class Fastest {
+ public:
+  explicit Fastest(const CostModel& cost, const PlanEvaluator& evaluator)
+      : cost_(&cost), evaluator_(&evaluator) {}
+  /// Validates and prices `plan` unless it equals one already offered (same plan, same
+  /// time: skipping it changes nothing); returns true when it became the fastest.
+  bool offer(Plan plan) {
+    std::string text = plan_to_string(plan);
+    if (std::find(seen_.begin(), seen_.end(), text) != seen_.end()) return false;
+    seen_.push_back(std::move(text));
+    const ValidationResult validation = validate(plan, *cost_);
+    if (!validation.ok) {
+      if (first_problem_.empty()) first_problem_ = validation.message;
+      return false;
+    }
+    const Seconds step_s = evaluator_->step_time_s(plan);
+    if (best_ && step_s >= best_s_) return false;
+    best_ = std::move(plan);
+    best_s_ = step_s;
+    return true;
+  }
+  const std::optional<Plan>& best() const { return best_; }
+  const std::string& first_problem() const { return first_problem_; }
+
+ private:
+  const CostModel* cost_;
+  const PlanEvaluator* evaluator_;
+  std::vector<std::string> seen_;
+  std::optional<Plan> best_;
+  Seconds best_s_ = 0;
+  std::string first_problem_;
+};
+
+}  // namespace
+
 Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluator& evaluator,
                    const Switches& switches, std::optional<int> even_degree,
                    const std::string& label) {
   if (batch.lengths_tokens.empty()) return make_plan_skeleton(batch, cost, label);  // throws
-  std::vector<Plan> candidates;
-  const bool remap_only = switches.remap == Switches::Mode::on;
+  // Placements (docs/zeppelin.md, "Choosing among candidates"): what the placement balances
+  // (attention + linear, or attention only for a remapped plan) and the straggler rule.
+  std::vector<Plan> placements;
   if (switches.hierarchical) {
     TierContext context = make_tier_context(cost, evaluator, switches);
-    for (bool spread : {false, true}) {
+    const auto add = [&](Switches::Placement placement, bool spread, bool balance_linear) {
       context.spread_stragglers = spread;
-      candidates.push_back(hierarchical_plan(batch, cost, context, true, label));
-      if (switches.remap != Switches::Mode::off) {
-        candidates.push_back(hierarchical_plan(batch, cost, context, false, label));
-      }
+      placements.push_back(hierarchical_plan(batch, cost, context, balance_linear, placement, label));
+    };
+    const bool remap_allowed = switches.remap != Switches::Mode::off;
+    // The per-GPU placement also prices the previous one's placements (node totals), so it
+    // is never slower than them on a batch where node totals happen to pack better.
+    std::vector<Switches::Placement> kinds = {switches.placement};
+    if (switches.placement == Switches::Placement::per_gpu) {
+      kinds.push_back(Switches::Placement::node_totals);
+    }
+    for (const Switches::Placement kind : kinds) {
+      add(kind, false, true);
+      add(kind, true, true);
+      if (remap_allowed) add(kind, true, false);
     }
   } else {
-    candidates.push_back(even_plan(batch, cost, even_degree, label));
+    placements.push_back(even_plan(batch, cost, even_degree, label));
   }
-  for (Plan& plan : candidates) finish_micro_batches(plan, cost, evaluator, switches.routing);
-  if (switches.routing == Switches::Mode::auto_) {
-    // The routing choice prices each transfer alone; in a busy ring the proxies' NVLink
-    // ports also carry their own ring hops. Each routed candidate therefore gets an
-    // unrouted twin, placed before it, so routing is kept only where the whole simulated
-    // step is faster with it.
-    std::vector<Plan> with_twins;
-    for (Plan& plan : candidates) {
-      Plan direct = plan;
-      bool routed = false;
-      for (MicroBatch& micro_batch : direct.micro_batches) {
-        for (AttentionGroup& group : micro_batch.groups) {
-          routed = routed || group.routing_proxies > 1;
-          group.routing_proxies = 1;
-          group.routing_chunks = 1;
-        }
-      }
-      if (routed) with_twins.push_back(std::move(direct));
-      with_twins.push_back(std::move(plan));
-    }
-    candidates = std::move(with_twins);
+  // Stage 1: each placement with the routing chosen per ring (remapped first when the
+  // remap is forced on). Stage 2: the fastest one's unrouted twin (routing is priced per
+  // isolated transfer; in a busy ring the proxies' NVLink ports also carry their own ring
+  // hops), kept when not slower. Stage 3: the fastest with the remap, kept when faster.
+  const bool remap_only = switches.remap == Switches::Mode::on;
+  Fastest fastest(cost, evaluator);
+  for (Plan& plan : placements) {
+    finish_micro_batches(plan, cost, evaluator, switches.routing);
+    fastest.offer(remap_only ? with_remap(std::move(plan), cost) : std::move(plan));
   }
-  if (switches.remap != Switches::Mode::off) {
-    const std::size_t plain = candidates.size();
-    for (std::size_t i = 0; i < plain; ++i) candidates.push_back(with_remap(candidates[i], cost));
-    if (remap_only) candidates.erase(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(plain));
-  }
-  // Keep the fastest valid candidate by the evaluator (ties: the earlier, simpler one); each
-  // candidate is validated once, here. The unremapped and unrouted candidates come first,
-  // so a remap or a routing is kept only when it pays.
-  const Plan* best = nullptr;
-  Seconds best_s = 0;
-  std::string first_problem;
-  for (const Plan& plan : candidates) {
-    const ValidationResult validation = validate(plan, cost);
-    if (!validation.ok) {
-      if (first_problem.empty()) first_problem = validation.message;
-      continue;
-    }
-    const Seconds step_s = evaluator.step_time_s(plan);
-    if (best == nullptr || step_s < best_s) {
-      best = &plan;
-      best_s = step_s;
+  if (fastest.best() && switches.routing == Switches::Mode::auto_) {
+    if (std::optional<Plan> direct = unrouted_twin(*fastest.best())) {
+      Fastest twin_first(cost, evaluator);
+      twin_first.offer(std::move(*direct));
+      twin_first.offer(*fastest.best());
+      fastest = std::move(twin_first);
     }
   }
-  if (best == nullptr) {
-    throw InternalError(fmt::format("{} made no valid plan: {}", label, first_problem));
+  if (fastest.best() && switches.remap == Switches::Mode::auto_) {
+    fastest.offer(with_remap(*fastest.best(), cost));
   }
-  return *best;
+  if (!fastest.best()) {
+    throw InternalError(fmt::format("{} made no valid plan: {}", label, fastest.first_problem()));
+  }
+  return *fastest.best();
 }
 
 namespace {
@@ -168,6 +208,15 @@ Switches switches_of(const PlannerOptions& options) {
   switches.hierarchical = partition == "hierarchical";
   switches.routing = mode_of(options, "routing");
   switches.remap = mode_of(options, "remap");
+  const std::string placement = parameter_or(options, "placement", "per-gpu");
+  if (placement != "per-gpu" && placement != "node-totals") {
+    throw InputError(fmt::format(
+        "strategy parameter placement={}: use per-gpu (balance each GPU's time) or node-totals "
+        "(the previous approximation: node totals, then GPUs inside a node)",
+        placement));
+  }
+  switches.placement = placement == "per-gpu" ? Switches::Placement::per_gpu
+                                              : Switches::Placement::node_totals;
   if ((options.degree || options.degree_per_step) && switches.hierarchical) {
     throw InputError(fmt::format(
         "zeppelin takes a degree only with partition=even (the hierarchical partition picks "
@@ -190,6 +239,9 @@ class ZeppelinPlanner final : public Planner {
             {"routing", "auto (default: inter-node ring transfers over proxy GPUs' NICs where "
                         "it pays), on (always all NICs) or off"},
             {"remap", "auto (default: token-balanced linear layout where it pays), on or off"},
+            {"placement", "per-gpu (default: balance each GPU's time, rings charging exactly "
+                          "their members) or node-totals (the previous approximation: node "
+                          "totals, then GPUs inside a node; for the ablation)"},
             {"degree", "ring size with partition=even, as static-cp's degree: a number or "
                        "per-step [default: the smallest power of two holding the run's "
                        "context, static-cp's]"}};

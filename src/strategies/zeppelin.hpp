@@ -30,6 +30,12 @@ struct Switches {
   enum class Mode : std::uint8_t { off, auto_, on };
   Mode routing = Mode::auto_;  ///< auto: route an inter-node ring where it pays
   Mode remap = Mode::auto_;    ///< auto: remap a micro-batch where it pays
+  /// What the hierarchical placement balances (docs/zeppelin.md, "Placement").
+  enum class Placement : std::uint8_t {
+    per_gpu,     ///< each GPU's time; rings charge exactly their members (issue 22)
+    node_totals  ///< node totals, then GPUs inside a node (the previous approximation)
+  };
+  Placement placement = Placement::per_gpu;
 };
 
 /// Routing of one inter-node transfer: proxies (1 = the sender's own NIC) and pipeline chunks.
@@ -105,6 +111,12 @@ TierContext make_tier_context(const CostModel& cost, const PlanEvaluator& evalua
 TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds target_load_s,
                        const TierContext& context);
 
+/// One member's time (seconds, fwd + bwd, whole model) in `choice`'s ring for a sequence of
+/// `length` tokens by the cost model: per pass, degree ring steps of max(the step's share of
+/// the attention, one KV hop of the tier's link: NVLink, or the NIC with the best routing),
+/// plus its share of the linear modules. Degree 1: the whole local work.
+Seconds ring_member_time_s(const TierContext& context, Tokens length, TierChoice choice);
+
 /// One document's attention, forward + backward, on one GPU (seconds, whole model).
 Seconds attention_s(const CostModel& cost, Tokens length);
 /// The linear modules over `tokens`, forward + backward, on one GPU (seconds, whole model);
@@ -114,8 +126,11 @@ Seconds linear_s(const CostModel& cost, Tokens tokens);
 /// The hierarchical partition (zeppelin_placement.cpp): micro-batches pre-split by work,
 /// each sequence in the ring choose_tier gives it, placed to balance attention (+ linear
 /// when `balance_linear`, i.e. without a remap) over the GPUs. No queues or routing yet.
+/// `placement` picks what is balanced: each GPU's time (default) or node totals first (the
+/// previous approximation, kept for the ablation and as the property test's reference).
 Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierContext& context,
-                       bool balance_linear, const std::string& label);
+                       bool balance_linear, Switches::Placement placement,
+                       const std::string& label);
 /// The even-split ablation (partition=even): TE CP's static rings of `degree` (the planner
 /// passes static-cp's degree for the run; without one: the smallest holding the longest
 /// sequence) with token-balanced packs, zigzag unpadded.

@@ -27,6 +27,7 @@ struct Item {
   Seconds weight_s = 0;  ///< what the placement balances (attention, + linear without remap)
   TierChoice choice;
   int first_rank = -1;  ///< the ring's first rank (inter: first GPU of its first node)
+  Seconds share_s = 0;  ///< load charged to each member of its ring
 };
 
 bool heavier(const Item& a, const Item& b) {
@@ -37,9 +38,10 @@ bool heavier(const Item& a, const Item& b) {
 class Placer {
  public:
   /// `target_load_s`: the step's mean per-GPU work (tier selection).
-  Placer(const CostModel& cost, const TierContext& context, Seconds target_load_s)
+  Placer(const CostModel& cost, const TierContext& context, Seconds target_load_s,
+         Switches::Placement placement)
       : cost_(cost), context_(context), gpus_(context.gpus_per_node), nodes_(context.nodes),
-        ranks_(gpus_ * nodes_), target_load_s_(target_load_s),
+        ranks_(gpus_ * nodes_), target_load_s_(target_load_s), placement_(placement),
         load_(static_cast<std::size_t>(ranks_), 0) {}
 
   /// Places as many of `ids` as fit into the next micro-batch; the rest go to `overflow`.
@@ -62,7 +64,135 @@ class Placer {
       item.choice = choose_tier(item.id, item.length, target_load_s_, context_);
     }
     std::sort(items.begin(), items.end(), heavier);
+    tokens_.assign(static_cast<std::size_t>(ranks_), 0);
+    if (placement_ == Switches::Placement::node_totals) return place_by_node_totals(items, overflow);
+    return place_per_gpu(items, overflow);
+  }
 
+ private:
+  /// Issue 22's placement: what sets the step is each GPU's time, so every sequence,
+  /// heaviest first (inter-node rings before the rest), takes the block of its ring's
+  /// size with the least loaded member and token room on every member (whole consecutive
+  /// nodes for an inter-node ring, an aligned block of g GPUs for an intra-node ring, one
+  /// GPU for a local sequence), charging exactly those members; then GPUs left without
+  /// attention work widen a ring or local sequence next to them (widen_into_idle).
+  std::vector<Item> place_per_gpu(std::vector<Item>& items, std::vector<std::int64_t>& overflow) {
+    by_load_.clear();
+    for (int r = 0; r < ranks_; ++r) by_load_.insert({load_[static_cast<std::size_t>(r)], r});
+    std::vector<Item> placed;
+    for (const bool inter_pass : {true, false}) {
+      for (Item item : items) {
+        if ((item.choice.tier == Tier::inter_node) != inter_pass) continue;
+        item.first_rank = item.choice.degree == 1 ? least_loaded_with_room(item.length)
+                                                  : least_loaded_block(item);
+        if (item.first_rank < 0) {
+          overflow.push_back(item.id);
+          continue;
+        }
+        item.share_s = item.weight_s / item.choice.degree;
+        charge(item, +1);
+        placed.push_back(item);
+      }
+    }
+    widen_into_idle(placed);
+    return placed;
+  }
+
+  /// The least-loaded GPU with room for `length` tokens (ties: lowest rank), -1 if none.
+  int least_loaded_with_room(Tokens length) const {
+    for (const auto& [load, rank] : by_load_) {
+      if (tokens_[static_cast<std::size_t>(rank)] + length <= context_.capacity_tokens_per_rank) {
+        return rank;
+      }
+    }
+    return -1;
+  }
+
+  /// First rank of the block for item's ring with the least maximum member load whose
+  /// members all have room (ties: lowest rank), -1 if none: inter-node rings start at a
+  /// node's first GPU, intra-node blocks at a multiple of their size (so never across nodes).
+  int least_loaded_block(const Item& item) const {
+    const int degree = item.choice.degree;
+    const int stride = item.choice.tier == Tier::inter_node ? gpus_ : degree;
+    const Tokens per_gpu = ceil_div(item.length, degree);
+    int best = -1;
+    Seconds best_load = 0;
+    for (int b = 0; b + degree <= ranks_; b += stride) {
+      Seconds load = 0;
+      bool fits = true;
+      for (int r = b; r < b + degree && fits; ++r) {
+        const auto ur = static_cast<std::size_t>(r);
+        fits = tokens_[ur] + per_gpu <= context_.capacity_tokens_per_rank;
+        load = std::max(load, load_[ur]);
+      }
+      if (fits && (best < 0 || load < best_load)) {
+        best = b;
+        best_load = load;
+      }
+    }
+    return best;
+  }
+
+  /// A member's load for `item` on a ring of `degree`: its share of the weight plus the
+  /// communication the ring cannot hide by the cost model (zero where it hides).
+  Seconds share_s(const Item& item, int degree) const {
+    const TierChoice choice{degree == 1 ? Tier::local : Tier::intra_node, degree};
+    const Seconds exposed_s =
+        ring_member_time_s(context_, item.length, choice) - item.work_s / degree;
+    return item.weight_s / degree + std::max(0.0, exposed_s);
+  }
+
+  /// GPUs of this micro-batch without attention work take half of a doubled ring: a local
+  /// sequence or intra-node ring whose aligned buddy block (same size, same node) is idle
+  /// doubles into it when that lowers the largest load of the two blocks. The item on the
+  /// most loaded block goes first; repeated until no GPU is idle or no doubling pays.
+  void widen_into_idle(std::vector<Item>& placed) {
+    for (;;) {
+      std::size_t best = placed.size();
+      Seconds best_old_s = 0;
+      for (std::size_t i = 0; i < placed.size(); ++i) {
+        const Item& item = placed[i];
+        const int degree = item.choice.degree;
+        if (item.choice.tier == Tier::inter_node || 2 * degree > gpus_ ||
+            gpus_ % (2 * degree) != 0 || item.length < 4 * degree) {
+          continue;
+        }
+        const int buddy = item.first_rank ^ degree;  // aligned: first_rank % (2 degree) is 0 or degree
+        Seconds old_s = 0;
+        bool idle = true;
+        for (int k = 0; k < degree; ++k) {
+          idle = idle && tokens_[static_cast<std::size_t>(buddy + k)] == 0;
+          old_s = std::max({old_s, load_[static_cast<std::size_t>(item.first_rank + k)],
+                            load_[static_cast<std::size_t>(buddy + k)]});
+        }
+        if (!idle) continue;
+        const Seconds wider_s = share_s(item, 2 * degree);
+        Seconds new_s = 0;
+        for (int k = 0; k < degree; ++k) {
+          new_s = std::max({new_s,
+                            load_[static_cast<std::size_t>(item.first_rank + k)] - item.share_s + wider_s,
+                            load_[static_cast<std::size_t>(buddy + k)] + wider_s});
+        }
+        if (new_s < old_s && (best == placed.size() || old_s > best_old_s)) {
+          best = i;
+          best_old_s = old_s;
+        }
+      }
+      if (best == placed.size()) return;
+      Item& item = placed[best];
+      charge(item, -1);
+      item.first_rank = std::min(item.first_rank, item.first_rank ^ item.choice.degree);
+      item.choice = {Tier::intra_node, 2 * item.choice.degree};
+      item.share_s = share_s(item, item.choice.degree);
+      charge(item, +1);
+    }
+  }
+
+  /// The previous approximation (Switches::Placement::node_totals): node totals first (an
+  /// inter-node ring on the k consecutive nodes with the least load, then everything else
+  /// LPT over nodes), then GPUs inside each node.
+  std::vector<Item> place_by_node_totals(std::vector<Item>& items,
+                                         std::vector<std::int64_t>& overflow) {
     // Level 1 (nodes): inter-node rings on the k consecutive nodes with the least load, then
     // everything else LPT over nodes, both under the nodes' token capacity.
     const Tokens node_capacity = gpus_ * context_.capacity_tokens_per_rank;
@@ -124,7 +254,6 @@ class Placer {
     // Level 2 (GPUs): inter-node rings take every GPU of their nodes; then, node by node
     // in item order, intra-node rings on the aligned block of g GPUs with the least load
     // and local sequences on the least-loaded GPU, under each GPU's token capacity.
-    tokens_.assign(static_cast<std::size_t>(ranks_), 0);
     std::vector<Item> placed;
     for (std::size_t i = 0; i < items.size(); ++i) {
       Item item = items[i];
@@ -134,7 +263,8 @@ class Placer {
         continue;
       }
       item.first_rank = node_of_item[i] * gpus_;
-      charge(item, item.first_rank, item.choice.degree);
+      item.share_s = item.weight_s / item.choice.degree;
+      charge(item, +1);
       placed.push_back(item);
     }
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -148,13 +278,13 @@ class Placer {
         overflow.push_back(item.id);
         continue;
       }
-      charge(item, item.first_rank, item.choice.degree);
+      item.share_s = item.weight_s / item.choice.degree;
+      charge(item, +1);
       placed.push_back(item);
     }
     return placed;
   }
 
- private:
   /// First rank of the best block of item.choice.degree GPUs in `node`, -1 if none fits.
   int place_in_node(const Item& item, int node) const {
     const int degree = item.choice.degree;
@@ -177,10 +307,16 @@ class Placer {
     return best;
   }
 
-  void charge(const Item& item, int first_rank, int degree) {
-    for (int r = first_rank; r < first_rank + degree; ++r) {
-      load_[static_cast<std::size_t>(r)] += item.weight_s / degree;
-      tokens_[static_cast<std::size_t>(r)] += ceil_div(item.length, degree);
+  /// Adds (sign +1) or removes (-1) item's share and tokens on its ring's members, keeping
+  /// the per-GPU placement's load order.
+  void charge(const Item& item, int sign) {
+    const int degree = item.choice.degree;
+    for (int r = item.first_rank; r < item.first_rank + degree; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const bool ordered = by_load_.erase({load_[ur], r}) > 0;
+      load_[ur] += sign * item.share_s;
+      tokens_[ur] += sign * ceil_div(item.length, degree);
+      if (ordered) by_load_.insert({load_[ur], r});
     }
   }
 
@@ -188,8 +324,10 @@ class Placer {
   const TierContext& context_;
   int gpus_, nodes_, ranks_;
   Seconds target_load_s_;
+  Switches::Placement placement_;
   std::vector<Seconds> load_;  ///< work placed on each GPU so far in the step
   std::vector<Tokens> tokens_;  ///< tokens on each GPU in the current micro-batch
+  std::set<std::pair<Seconds, int>> by_load_;  ///< (load, rank), per-GPU placement only
 };
 
 /// A ring group over `ranks` holding `ids`, each zigzag-split without padding (one rank:
@@ -282,11 +420,12 @@ std::vector<std::vector<std::int64_t>> pre_split(const Batch& batch, const CostM
 }  // namespace
 
 Plan hierarchical_plan(const Batch& batch, const CostModel& cost, const TierContext& context,
-                       bool balance_linear, const std::string& label) {
+                       bool balance_linear, Switches::Placement placement,
+                       const std::string& label) {
   Plan plan = make_plan_skeleton(batch, cost, label);
   Seconds total_work_s = 0;
   for (Tokens length : batch.lengths_tokens) total_work_s += attention_s(cost, length) + linear_s(cost, length);
-  Placer placer(cost, context, total_work_s / cost.cluster().ranks());
+  Placer placer(cost, context, total_work_s / cost.cluster().ranks(), placement);
   std::vector<std::vector<std::int64_t>> pending =
       pre_split(batch, cost, context.capacity_tokens_per_rank);
   std::int64_t chunks = 0;

@@ -142,13 +142,7 @@ TierContext make_tier_context(const CostModel& cost, const PlanEvaluator& evalua
   return context;
 }
 
-namespace {
-
-/// One member's time in a ring of `choice.degree` ranks for a sequence of `length`
-/// tokens: per pass, degree steps of max(the step's share of the attention, one KV hop of
-/// the tier's link: NVLink, or the NIC with the best routing), plus its share of the linear
-/// modules. A local "ring" is the whole work.
-Seconds member_time_s(const TierContext& context, Tokens length, TierChoice choice) {
+Seconds ring_member_time_s(const TierContext& context, Tokens length, TierChoice choice) {
   const CostModel& cost = *context.cost;
   const Seconds linear = linear_s(cost, length) / choice.degree;
   const AttentionBlock whole = whole_document(length);
@@ -174,8 +168,6 @@ Seconds member_time_s(const TierContext& context, Tokens length, TierChoice choi
   return forward_passes * degree * std::max(forward / (degree * degree), hop_s(bytes)) +
          degree * std::max(backward / (degree * degree), hop_s(2 * bytes)) + linear;
 }
-
-}  // namespace
 
 TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds target_load_s,
                        const TierContext& context) {
@@ -221,7 +213,7 @@ TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds t
     for (std::size_t i = 0; i < candidate_count; ++i) {
       const Candidate c = candidate(i);
       if (!fits(c)) continue;
-      const Seconds time_s = member_time_s(context, length_tokens, c.choice);
+      const Seconds time_s = ring_member_time_s(context, length_tokens, c.choice);
       if (time_s <= target_load_s) return c.choice;
       if (!fastest || time_s < fastest_s) {
         fastest = c.choice;
