@@ -44,7 +44,8 @@ const std::vector<std::string>& strategy_specs() {
           "static-ulysses:degree=32", "batch-adaptive:degree=8", "flexsp:buckets=exact",
           "flexsp-fast:refine=milp", "zeppelin:partition=even", "zeppelin:partition=even:degree=4",
           "zeppelin:routing=on", "zeppelin:routing=off", "zeppelin:remap=on", "zeppelin:remap=off",
-          "zeppelin:routing=on:remap=on"}) {
+          "zeppelin:routing=on:remap=on", "zeppelin:placement=node-totals", "ballast:budget=0",
+          "ballast:portfolio=flexsp-fast+zeppelin:budget=4"}) {
       candidates.emplace_back(variant);
     }
     std::vector<std::string> valid;
