@@ -40,6 +40,7 @@ struct Chunk {
   Tokens begin_tokens = 0;
   Tokens end_tokens = 0;
   Tokens size() const { return end_tokens - begin_tokens; }
+  bool operator==(const Chunk&) const = default;
 };
 
 /// The largest multiple a plan may pad a sequence's length to in a ulysses or local group:
@@ -57,6 +58,7 @@ struct SequenceChunks {
   std::int64_t sequence_id = 0;
   Tokens padded_length_tokens = 0;
   std::vector<Chunk> chunks;
+  bool operator==(const SequenceChunks&) const = default;
 };
 
 struct AttentionGroup {
@@ -70,6 +72,7 @@ struct AttentionGroup {
   /// Each routed part of an inter-node transfer is pipelined in this many chunks so
   /// dispatch, NIC transfer and combine overlap; 1 = one piece per part.
   int routing_chunks = 1;
+  bool operator==(const AttentionGroup&) const = default;
 };
 
 /// Tokens of a sequence held by a rank during the linear modules (Zeppelin's remap).
@@ -78,6 +81,7 @@ struct LinearSlice {
   std::int64_t sequence_id = 0;
   Tokens begin_tokens = 0;
   Tokens end_tokens = 0;
+  bool operator==(const LinearSlice&) const = default;
 };
 
 struct MicroBatch {
@@ -87,6 +91,7 @@ struct MicroBatch {
   std::vector<std::vector<int>> queues;
   /// Token layout for the linear modules. Empty: the attention chunks (no remap).
   std::vector<LinearSlice> linear_layout;
+  bool operator==(const MicroBatch&) const = default;
 };
 
 /// A complete plan for one global batch, self-contained: it carries the cluster, the

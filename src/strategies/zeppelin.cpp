@@ -103,9 +103,11 @@ class Fastest {
   /// Validates and prices `plan` unless it equals one already offered (same plan, same
   /// time: skipping it changes nothing); returns true when it became the fastest.
   bool offer(Plan plan) {
-    std::string text = plan_to_string(plan);
-    if (std::find(seen_.begin(), seen_.end(), text) != seen_.end()) return false;
-    seen_.push_back(std::move(text));
+    // Candidates share the batch, cluster, model and cost model: their micro-batches
+    // (groups, chunks, routing, queues, layouts) are what can differ.
+    const auto same = [&](const std::vector<MicroBatch>& seen) { return seen == plan.micro_batches; };
+    if (std::any_of(seen_.begin(), seen_.end(), same)) return false;
+    seen_.push_back(plan.micro_batches);
     const ValidationResult validation = validate(plan, *cost_);
     if (!validation.ok) {
       if (first_problem_.empty()) first_problem_ = validation.message;
@@ -123,7 +125,7 @@ class Fastest {
  private:
   const CostModel* cost_;
   const PlanEvaluator* evaluator_;
-  std::vector<std::string> seen_;
+  std::vector<std::vector<MicroBatch>> seen_;
   std::optional<Plan> best_;
   Seconds best_s_ = 0;
   std::string first_problem_;
