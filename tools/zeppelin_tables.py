@@ -123,5 +123,46 @@ for name in rings16:
     print(f"| {name} | {fmt_time(rows['baseline'])} | {fmt_speedup(rows['static-cp-allgather'])} | "
           f"{fmt_speedup(rows['hybrid-dp'])} | {fmt_time(z)} | {fmt_speedup(z)} | "
           f"{fmt_figure(z['lower_bound_s'], '.3f')} | {fmt_figure(z['plan_time_ms'], '.1f')} |")
+
+
+def gap_parts(name):
+    """Zeppelin's gap to the lower bound on one scenario, split by `ballast simulate`'s
+    per-rank figures, summed over its steps, each part as a share of the bound: compute
+    above the bound (mean busy - bound: kernel efficiency, the bound's ideal packing),
+    imbalance (max busy - mean busy), exposed communication (the rank with the most busy +
+    exposed time, beyond its busy time), and the rest (waiting on other ranks, the
+    gradient sync's exposed tail)."""
+    out = subprocess.run([ballast, "simulate", "--scenario", name, "--strategy", "zeppelin",
+                          "--format", "json"], check=True, capture_output=True, text=True).stdout
+    parts = {"step": 0.0, "bound": 0.0, "compute": 0.0, "imbalance": 0.0, "exposed": 0.0,
+             "rest": 0.0}
+    for step in json.loads(out)["steps"]:
+        ranks = step["ranks"]
+        busy = [r["busy_s"] for r in ranks]
+        mean_busy = sum(busy) / len(busy)
+        critical = max(ranks, key=lambda r: r["busy_s"] + r["exposed_communication_s"])
+        own = critical["busy_s"] + critical["exposed_communication_s"]
+        parts["step"] += step["step_time_s"]
+        parts["bound"] += step["lower_bound_s"]
+        parts["compute"] += mean_busy - step["lower_bound_s"]
+        parts["imbalance"] += max(busy) - mean_busy
+        parts["exposed"] += own - max(busy)
+        parts["rest"] += step["step_time_s"] - own
+    return parts
+
+
+with ThreadPoolExecutor(max_workers=jobs) as pool:
+    gap_names = ["default"] + names  # issue 22's target: the default workload and every zeppelin-*
+    gaps = dict(zip(gap_names, pool.map(gap_parts, gap_names)))
+print("\n### Where zeppelin's gap to the bound goes (share of the bound, all steps)\n")
+print("| scenario | gap | compute above bound | imbalance | exposed comm (slowest rank) | rest | largest |")
+print("|---|---|---|---|---|---|---|")
+for name in gap_names:
+    g = gaps[name]
+    shares = {k: g[k] / g["bound"] for k in ("compute", "imbalance", "exposed", "rest")}
+    largest = max(shares, key=shares.get)
+    print(f"| {name} | {100 * (g['step'] / g['bound'] - 1):.1f}% | "
+          + " | ".join(f"{100 * shares[k]:.1f}%" for k in ("compute", "imbalance", "exposed", "rest"))
+          + f" | {largest} |")
 total = sum(r["wall_s"] for r in results.values()) + ladder["wall_s"]
 print(f"\n({len(names) + 1} compares, {total:.0f} s of compare wall time.)")
