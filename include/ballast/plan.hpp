@@ -30,6 +30,12 @@ enum class Scheme {
   ring,        ///< ring attention over the group's ranks in order; KV blocks passed around
   all_gather,  ///< KV all-gathered over the group, then local attention on own queries
   ulysses,     ///< all-to-all from sequence to head sharding; heads split group-size ways
+  /// Ulysses inside stages x ring across them (USP, Fang & Zhao 2024, arXiv 2405.07719):
+  /// the ranks are r stages of AttentionGroup::ulysses_degree (u) consecutive ranks; each
+  /// stage runs a Ulysses all-to-all (heads split u ways), member m of every stage runs ring
+  /// attention over the stages' tokens for its heads, then the all-to-all back. 2 <= u and
+  /// r >= 2 (u = 1 is a ring, r = 1 Ulysses: those plans are spelt with those schemes).
+  usp,
 };
 std::string to_string(Scheme scheme);
 Scheme parse_scheme(const std::string& text);  ///< throws InputError
@@ -72,6 +78,9 @@ struct AttentionGroup {
   /// Each routed part of an inter-node transfer is pipelined in this many chunks so
   /// dispatch, NIC transfer and combine overlap; 1 = one piece per part.
   int routing_chunks = 1;
+  /// Scheme::usp: ranks per stage (u, the Ulysses degree inside a stage); the group has
+  /// ranks / u stages. 1 for every other scheme (and omitted from the JSON).
+  int ulysses_degree = 1;
   bool operator==(const AttentionGroup&) const = default;
 };
 
@@ -145,6 +154,11 @@ std::vector<int> allowed_ulysses_degrees(const Model& model, int tensor_parallel
 /// Members of a Ulysses group of `degree` that hold each KV head: degree / k when
 /// degree > k (rounded up for a degree the rule rejects), else 1.
 int ulysses_kv_replication(const Model& model, int tensor_parallel, int degree);
+/// Bytes per token of a USP stage's tokens in the KV block each member passes around the
+/// ring (its query heads' KV heads, replicas included, all TP GPUs of the rank together):
+/// kv_bytes_per_token x ulysses_kv_replication() / `degree` (exact: the degree divides the
+/// KV heads or is a multiple of them).
+Bytes usp_kv_bytes_per_token(const Model& model, int tensor_parallel, int degree);
 /// Bytes per token of a member's tokens that the QKV all-to-all of a Ulysses group of
 /// `degree` ranks carries, all TP GPUs of the rank together, and the same for the dQ,
 /// dK, dV all-to-all back: (hidden + 2 kv_dim x ulysses_kv_replication()) x
@@ -158,11 +172,16 @@ Bytes ulysses_qkv_bytes_per_token(const Model& model, int tensor_parallel, int d
 /// flight, sized for the largest member's block); all_gather kv_bytes_per_token *
 /// group_tokens (the whole group's KV); ulysses ulysses_qkv_bytes_per_token(group_ranks) *
 /// ceil(group_tokens / group_ranks) (the group's Q for this member's heads and K, V of
-/// the KV heads they read, replicated ones included, after the all-to-all). Saturates at
-/// the largest Bytes value. The one rule behind peak_memory_bytes_per_rank() and the
+/// the KV heads they read, replicated ones included, after the all-to-all); usp (u =
+/// `ulysses_degree`) the Ulysses buffer of its stage, ulysses_qkv_bytes_per_token(u) *
+/// largest_member_tokens (a stage's tokens / u, sized for the largest member), plus the
+/// ring's two KV blocks of its heads, 2 * usp_kv_bytes_per_token(u) * min(group_tokens, u *
+/// largest_member_tokens) (a stage's tokens, sized for the largest possible stage). Saturates
+/// at the largest Bytes value. The one rule behind peak_memory_bytes_per_rank() and the
 /// planners' per-scheme capacities.
 Bytes attention_buffer_bytes(const Model& model, int tensor_parallel, Scheme scheme,
-                             int group_ranks, Tokens largest_member_tokens, Tokens group_tokens);
+                             int group_ranks, Tokens largest_member_tokens, Tokens group_tokens,
+                             int ulysses_degree = 1);
 
 /// Peak memory of each rank over the micro-batches: model states + activation bytes per
 /// token * max(attention tokens, linear tokens) + the largest attention_buffer_bytes() of
@@ -173,7 +192,7 @@ std::vector<Bytes> peak_memory_bytes_per_rank(const Plan& plan, const CostModel&
 /// (runtime) timelines: "local" for a group of one rank whatever its scheme, else the
 /// scheme and whether its ranks span nodes: "ring intra-node", "ring inter-node",
 /// "all-gather intra-node", "all-gather inter-node", "ulysses intra-node", "ulysses
-/// inter-node" (Zeppelin's tiers for rings). `group` must have at least one rank.
+/// inter-node", "usp intra-node", "usp inter-node" (Zeppelin's tiers for rings). `group` must have at least one rank.
 const char* group_category(const AttentionGroup& group, const Cluster& cluster);
 
 struct ValidationResult {
@@ -186,11 +205,13 @@ struct ValidationResult {
 /// divides heads and KV heads; its size within limits.hpp (sequences,
 /// micro-batches, micro-batches x GPUs, chunks + linear slices); rank indices in range and
 /// distinct per group; every group non-empty with a known scheme (local: one rank; ulysses:
-/// ulysses_degree_allowed(size)); routing_proxies in [1, gpus_per_node] and routing_chunks in
+/// ulysses_degree_allowed(size); usp: 2 <= ulysses_degree < size, ulysses_degree divides
+/// size and ulysses_degree_allowed(ulysses_degree), routing_proxies 1; ulysses_degree 1 in
+/// every other scheme); routing_proxies in [1, gpus_per_node] and routing_chunks in
 /// [1, kMaxRoutingChunks], and every proxy GPU of a routed ring hop a member of the ring
 /// (plan_layout.hpp's routing rule); every sequence appears in exactly one group of one
 /// micro-batch and its chunks cover [0, padded length) exactly once, with padded length
-/// >= length and < length + 2 * group size (ring, all_gather) or + kMaxPadMultipleTokens
+/// >= length and < length + 2 * group size (ring, all_gather, usp) or + kMaxPadMultipleTokens
 /// (ulysses, local); every chunk on one of its group's ranks; queues (if given)
 /// list exactly each rank's groups and admit a deadlock-free order (no cycle between ranks'
 /// orders); the linear layout (if given) covers every sequence's [0, length) exactly once;

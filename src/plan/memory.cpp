@@ -42,7 +42,7 @@ Bytes group_transient_bytes(const AttentionGroup& group, const Model& model, int
   }
   return attention_buffer_bytes(model, tensor_parallel, group.scheme,
                                 static_cast<int>(group.ranks.size()), largest_member_tokens,
-                                group_tokens);
+                                group_tokens, group.ulysses_degree);
 }
 
 struct MicroBatchUsage {
@@ -109,7 +109,8 @@ std::vector<RankPeak> rank_peaks(const Plan& plan, const CostModel& cost) {
 }  // namespace plan_detail
 
 Bytes attention_buffer_bytes(const Model& model, int tensor_parallel, Scheme scheme,
-                             int group_ranks, Tokens largest_member_tokens, Tokens group_tokens) {
+                             int group_ranks, Tokens largest_member_tokens, Tokens group_tokens,
+                             int ulysses_degree) {
   switch (scheme) {
     case Scheme::local:
       return 0;
@@ -121,6 +122,15 @@ Bytes attention_buffer_bytes(const Model& model, int tensor_parallel, Scheme sch
       return saturating_multiply(
           ulysses_qkv_bytes_per_token(model, tensor_parallel, group_ranks),
           ceil_div(group_tokens, group_ranks));
+    case Scheme::usp: {  // the stage's Ulysses buffer + the ring's two KV blocks of its heads
+      const Tokens stage_tokens =
+          std::min(group_tokens, saturating_multiply(ulysses_degree, largest_member_tokens));
+      return saturating_add(
+          saturating_multiply(ulysses_qkv_bytes_per_token(model, tensor_parallel, ulysses_degree),
+                              largest_member_tokens),
+          saturating_multiply(2 * usp_kv_bytes_per_token(model, tensor_parallel, ulysses_degree),
+                              stage_tokens));
+    }
   }
   return 0;
 }

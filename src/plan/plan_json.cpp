@@ -26,15 +26,16 @@ constexpr std::array<std::string_view, 10> kPlanKeys = {
     "format", "version", "ballast_version", "strategy", "step", "cluster", "model",
     "cost_model", "sequence_lengths_tokens", "micro_batches"};
 constexpr std::array<std::string_view, 3> kMicroBatchKeys = {"groups", "queues", "linear_layout"};
-constexpr std::array<std::string_view, 5> kGroupKeys = {"scheme", "ranks", "routing_proxies",
-                                                        "routing_chunks", "sequences"};
+constexpr std::array<std::string_view, 6> kGroupKeys = {
+    "scheme", "ranks", "routing_proxies", "routing_chunks", "ulysses_degree", "sequences"};
 constexpr std::array<std::string_view, 3> kSequenceKeys = {"id", "padded_length_tokens", "chunks"};
 
-constexpr std::array<std::pair<Scheme, const char*>, 4> kSchemeNames{{
+constexpr std::array<std::pair<Scheme, const char*>, 5> kSchemeNames{{
     {Scheme::local, "local"},
     {Scheme::ring, "ring"},
     {Scheme::all_gather, "all_gather"},
     {Scheme::ulysses, "ulysses"},
+    {Scheme::usp, "usp"},
 }};
 
 // ---------------------------------------------------------------- writing
@@ -61,6 +62,8 @@ json group_to_json(const AttentionGroup& group) {
   // Optional, written only when it differs from the default so that plans without
   // pipelined routing keep their exact text.
   if (group.routing_chunks != 1) out["routing_chunks"] = group.routing_chunks;
+  // Likewise the stage size: only usp groups have one other than 1.
+  if (group.ulysses_degree != 1) out["ulysses_degree"] = group.ulysses_degree;
   return out;
 }
 
@@ -255,6 +258,9 @@ AttentionGroup group_from_json(const Reader& reader, const json& value, const Js
   if (const json* chunks = reader.optional_member(value, "routing_chunks")) {
     group.routing_chunks = reader.small_integer(*chunks, path.member("routing_chunks"));
   }
+  if (const json* degree = reader.optional_member(value, "ulysses_degree")) {
+    group.ulysses_degree = reader.small_integer(*degree, path.member("ulysses_degree"));
+  }
   const JsonPath sequences_path = path.member("sequences");
   const json& sequences = reader.array(reader.member(value, path, "sequences"), sequences_path);
   group.sequences.reserve(sequences.size());
@@ -405,7 +411,7 @@ Scheme parse_scheme(const std::string& text) {
     if (text == name) return value;
   }
   throw InputError(fmt::format(
-      "unknown attention scheme '{}'; use one of local, ring, all_gather, ulysses", text));
+      "unknown attention scheme '{}'; use one of local, ring, all_gather, ulysses, usp", text));
 }
 
 nlohmann::json to_json(const Plan& plan) {

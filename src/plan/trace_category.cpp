@@ -21,6 +21,8 @@ const char* group_category(const AttentionGroup& group, const Cluster& cluster) 
       return inter_node ? "all-gather inter-node" : "all-gather intra-node";
     case Scheme::ulysses:
       return inter_node ? "ulysses inter-node" : "ulysses intra-node";
+    case Scheme::usp:
+      return inter_node ? "usp inter-node" : "usp intra-node";
   }
   return "";
 }

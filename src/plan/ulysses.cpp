@@ -1,6 +1,6 @@
 // The Ulysses head rule (plan.hpp, docs/plan-format.md "Ulysses degrees"): which group
 // sizes shard a model's heads, how many members hold each KV head, and the bytes per token
-// its all-to-alls carry.
+// its all-to-alls carry (and a USP member's share of the KV its ring passes on).
 #include <algorithm>
 
 #include "ballast/plan.hpp"
@@ -45,6 +45,11 @@ int ulysses_kv_replication(const Model& model, int tensor_parallel, int degree) 
   const int kv_heads = heads_per_gpu(model, tensor_parallel).kv_heads;
   if (kv_heads < 1 || degree <= kv_heads) return 1;
   return (degree + kv_heads - 1) / kv_heads;
+}
+
+Bytes usp_kv_bytes_per_token(const Model& model, int tensor_parallel, int degree) {
+  const Bytes replication = ulysses_kv_replication(model, tensor_parallel, degree);
+  return model.kv_bytes_per_token() * replication / std::max(degree, 1);
 }
 
 Bytes ulysses_qkv_bytes_per_token(const Model& model, int tensor_parallel, int degree) {

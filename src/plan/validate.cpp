@@ -24,7 +24,7 @@ using Violation = std::optional<std::string>;
 
 bool known_scheme(Scheme scheme) {
   return scheme == Scheme::local || scheme == Scheme::ring || scheme == Scheme::all_gather ||
-         scheme == Scheme::ulysses;
+         scheme == Scheme::ulysses || scheme == Scheme::usp;
 }
 
 /// to_string() for valid schemes; never throws, so messages can name a corrupt value.
@@ -174,6 +174,10 @@ Violation check_size(const Plan& plan) {
     for (const auto& group : micro_batch.groups) {
       const auto size = static_cast<std::int64_t>(group.ranks.size());
       if (group.scheme == Scheme::ring && size > 1) ring_steps += size * size;
+      if (group.scheme == Scheme::usp && group.ulysses_degree >= 1) {  // u rings of r stages
+        const std::int64_t stages = size / group.ulysses_degree;
+        ring_steps += group.ulysses_degree * stages * stages;
+      }
       for (const auto& sequence : group.sequences) {
         chunks += static_cast<std::int64_t>(sequence.chunks.size());
       }
@@ -242,6 +246,30 @@ Violation check_ulysses_degree(const std::string& label, int degree, const Model
       label, degree, per_gpu, fmt::join(allowed_ulysses_degrees(model, tp, heads), ", "));
 }
 
+/// A usp group: r >= 2 stages of u >= 2 consecutive ranks (u = 1 is a ring, r = 1
+/// Ulysses: one spelling per layout), u shards the heads as a Ulysses group of u would, and
+/// its ring hops are direct (the routing layer relays only whole-ring hops).
+Violation check_usp_stages(const std::string& label, const AttentionGroup& group,
+                           const Model& model, int tp) {
+  const auto size = static_cast<int>(group.ranks.size());
+  const int degree = group.ulysses_degree;
+  if (degree < 2 || degree >= size || size % degree != 0) {
+    return fmt::format(
+        "{}: a usp group of {} ranks needs a ulysses_degree (ranks per stage) of at least 2 that "
+        "divides {} and leaves at least 2 stages, not {}; write a group of one stage as "
+        "ulysses and a group with ulysses_degree 1 as ring",
+        label, size, size, degree);
+  }
+  if (auto violation = check_ulysses_degree(label, degree, model, tp)) return violation;
+  if (group.routing_proxies != 1) {
+    return fmt::format(
+        "{}: usp groups do not route their ring hops through proxies (routing_proxies {}); "
+        "set routing_proxies to 1",
+        label, group.routing_proxies);
+  }
+  return std::nullopt;
+}
+
 Violation check_group_shape(const std::string& label, const AttentionGroup& group,
                             const Model& model, int tp) {
   if (!known_scheme(group.scheme)) return label + ": the scheme is not one ballast knows";
@@ -253,6 +281,12 @@ Violation check_group_shape(const std::string& label, const AttentionGroup& grou
                        size, rank_list(group.ranks));
   }
   if (group.scheme == Scheme::ulysses) return check_ulysses_degree(label, size, model, tp);
+  if (group.scheme == Scheme::usp) return check_usp_stages(label, group, model, tp);
+  if (group.ulysses_degree != 1) {
+    return fmt::format(
+        "{}: ulysses_degree {} is only for usp groups; remove it (or make the group usp)", label,
+        group.ulysses_degree);
+  }
   return std::nullopt;
 }
 
@@ -391,7 +425,8 @@ Violation check_padding(const std::string& label, const AttentionGroup& group,
                        label, id, padded, length);
   }
   if (padded == length) return std::nullopt;
-  if (group.scheme == Scheme::ring || group.scheme == Scheme::all_gather) {
+  if (group.scheme == Scheme::ring || group.scheme == Scheme::all_gather ||
+      group.scheme == Scheme::usp) {
     const auto limit = 2 * static_cast<Tokens>(group.ranks.size());
     if (padded - length >= limit) {
       return fmt::format(

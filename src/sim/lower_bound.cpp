@@ -60,12 +60,58 @@ double fastest_receive_bytes_per_s(const Cluster& cluster) {
   return nvlink + cluster.nic_bw_bytes_per_s;
 }
 
+/// Per member and pass, the Ulysses all-to-alls' bytes per token of the group: forward QKV
+/// in and O out (every forward pass), backward dO in and dQKV out (replicas not counted).
+double ulysses_bytes_per_token(const Model& model) {
+  return model.forward_passes() *
+             static_cast<double>(model.qkv_bytes_per_token() + model.hidden_bytes_per_token()) +
+         static_cast<double>(model.hidden_bytes_per_token() + model.qkv_bytes_per_token());
+}
+
+/// The fastest a USP group of g = u x r ranks (u | heads/N, 2 <= u < g) runs a sequence of
+/// `length` whose attention floor is `attention_s`: the stage all-to-alls come before and
+/// after a member's ring (no overlap), and the ring overlaps at best with the compute. On
+/// average a member receives (u - 1) / u of its share of the stages' all-to-all bytes and
+/// (r - 1) / r x length x KV bytes / u in the ring (its heads' KV of the other stages; at
+/// least 1/u of the KV even with replicated heads), and computes A / g; the slowest member
+/// takes at least the average of a2a + max(compute, ring).
+Seconds usp_floor_s(Tokens length, int g, Seconds attention_s, const CostModel& cost) {
+  const Model& model = cost.model();
+  const int heads_per_rank = model.heads / std::max(1, cost.cluster().tensor_parallel.gpus);
+  const double bandwidth = fastest_receive_bytes_per_s(cost.cluster());
+  const double layers = model.layers;
+  const double length_tokens = static_cast<double>(length);
+  Seconds best_s = INFINITY;
+  for (int u = 2; u < g; ++u) {
+    if (g % u != 0 || heads_per_rank % u != 0) continue;
+    const int r = g / u;
+    Seconds all_to_all_s = layers * (u - 1.0) / u * length_tokens / g *
+                           ulysses_bytes_per_token(model) / bandwidth;
+    std::vector<int> members(static_cast<std::size_t>(u));
+    for (int i = 0; i < u; ++i) members[i] = i;
+    const auto placed_s = [&](Bytes bytes_per_token) {
+      const std::vector<Bytes> bytes(static_cast<std::size_t>(u),
+                                     ceil_div(length, static_cast<Tokens>(g)) * bytes_per_token);
+      return cost.all_to_all_time_s(members, bytes);
+    };
+    all_to_all_s = std::min(all_to_all_s, (model.forward_passes() + 1.0) *
+                                              (placed_s(model.qkv_bytes_per_token()) +
+                                               placed_s(model.hidden_bytes_per_token())));
+    const Seconds ring_s = layers * (r - 1.0) / r * length_tokens *
+                           static_cast<double>(model.kv_bytes_per_token()) / u *
+                           (model.forward_passes() + 2.0) / bandwidth;
+    best_s = std::min(best_s, all_to_all_s + std::max(attention_s / g, ring_s));
+  }
+  return best_s;
+}
+
 /// A time no group of any scheme or size runs the sequence in (docs/simulator.md section 7):
 /// the minimum over group sizes g (members hold >= length / g tokens, within the token
 /// capacity) of
 ///   local (g = 1):         A
 ///   ring, all-gather:      max(A / g, (g - 1) / g x KV bytes x (forward passes + 2) / B)
 ///   Ulysses (g | heads/N): A / g + all-to-all floor (in: QKV / dO, out: O / dQKV, every pass)
+///   USP (g = u x r):       usp_floor_s()
 /// with A the attention floor of all passes and B the fastest receive bandwidth.
 Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
   if (length <= 0) return 0.0;
@@ -80,11 +126,6 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
   const double length_tokens = static_cast<double>(length);
   // Ulysses needs g to divide each TP member's heads (also with KV heads replicated).
   const int heads_per_rank = model.heads / std::max(1, cluster.tensor_parallel.gpus);
-  // Per member and pass, the all-to-alls' bytes per token of the group: forward QKV in and
-  // O out, backward dO in and dQKV out.
-  const double ulysses_bytes_per_token =
-      forward_passes * static_cast<double>(model.qkv_bytes_per_token() + model.hidden_bytes_per_token()) +
-      static_cast<double>(model.hidden_bytes_per_token() + model.qkv_bytes_per_token());
   Seconds best_s = length <= capacity ? attention_s : INFINITY;
   std::vector<int> members;
   std::vector<Bytes> member_bytes;
@@ -102,7 +143,7 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
     // member receives (g - 1) / g of its share of the group's bytes; the cost model's own
     // all-to-all on g consecutive ranks when that is cheaper (a cost model whose
     // all-to-all does not depend on placement, as the profiled one).
-    const double received_bytes = layers * share * length_tokens / g * ulysses_bytes_per_token;
+    const double received_bytes = layers * share * length_tokens / g * ulysses_bytes_per_token(model);
     Seconds all_to_all_s = received_bytes / bandwidth;
     members.resize(static_cast<std::size_t>(g));
     member_bytes.assign(static_cast<std::size_t>(g), 0);
@@ -116,6 +157,10 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
                                                              placed_s(model.hidden_bytes_per_token()));
     all_to_all_s = std::min(all_to_all_s, placed_total_s);
     best_s = std::min(best_s, attention_s / g + all_to_all_s);
+  }
+  for (int g = 4; g <= ranks; ++g) {
+    if (ceil_div(length, static_cast<Tokens>(g)) > capacity) continue;
+    best_s = std::min(best_s, usp_floor_s(length, g, attention_s, cost));
   }
   return std::isfinite(best_s) ? best_s : 0.0;
 }

@@ -1,5 +1,5 @@
 // Attention schemes as tasks (local, ring as TransformerEngine runs it, all-gather,
-// Ulysses all-to-alls) and point-to-point transfers, direct or routed over proxy GPUs in
+// Ulysses all-to-alls, USP: Ulysses inside stages x ring across them) and point-to-point transfers, direct or routed over proxy GPUs in
 // pipelined pieces.
 #include "schemes.hpp"
 
@@ -232,6 +232,20 @@ void add_all_gather(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   }
 }
 
+/// A ring of the positions of `ranks` (in ring order): position i holds a KV block of
+/// block_bytes[i] bytes per layer and computes step j in compute_s(i, owner) against the
+/// block of owner = (i - j) mod g; it starts after reach[i]. `what` and `size` name the
+/// tasks ("ring", "g4").
+struct RingSteps {
+  std::vector<int> ranks;
+  std::vector<Bytes> block_bytes;
+  std::vector<int> reach;
+  int routing_proxies = 1;
+  int routing_chunks = 1;
+  std::string what;
+  std::string size;
+};
+
 /// Ring attention as TransformerEngine schedules it (docs/simulator.md section 4). At
 /// step j position i computes against the KV block of position (i - j) mod g; the block
 /// for step j + 1 travels to it during that compute (a rank sends a block once it holds it
@@ -239,55 +253,49 @@ void add_all_gather(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
 /// accumulators with the blocks: after computing step j, position i adds its part to the
 /// dKV of block (i - j) (which it received from position i - 1, except for its own block
 /// at step 0) and sends it on during step j + 1; the last send takes each dKV home to
-/// its owner, where the group ends.
-void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
-  const GroupLayout layout = layout_of(group);
-  const int g = static_cast<int>(group.ranks.size());
+/// its owner, where the ring ends (the ranks' cursors).
+void add_ring_steps(BuildContext& ctx, const RingSteps& ring,
+                    const std::function<Seconds(int, int)>& compute_s, Pass pass) {
+  const int g = static_cast<int>(ring.ranks.size());
   const bool forward = pass == Pass::forward;
-  const Bytes kv_per_token = ctx.cost.model().kv_bytes_per_token();
-  const auto& ranks = group.ranks;
+  const auto& ranks = ring.ranks;
   const auto position_before = [g](int i) { return (i - 1 + g) % g; };
-  const std::vector<int> reach = member_cursors(ctx, group);
-  std::vector<int> last_compute = reach;
+  std::vector<int> last_compute = ring.reach;
   std::vector<int> kv_arrived(g, -1);   // the KV block position i computes on at step j
   std::vector<int> last_kv_send(g, -1);
   std::vector<int> dkv_arrived(g, -1);  // the dKV accumulator of that block (backward)
   std::vector<int> last_dkv_send(g, -1);
-  const auto spans = tiles_packed(ctx) ? member_spans(ctx, group)
-                                       : std::vector<std::vector<DocumentRange>>();
   for (int j = 0; j < g; ++j) {
     std::vector<int> kv_sends(g, -1);
     std::vector<int> dkv_sends(g, -1);
     for (int i = 0; i < g; ++i) {
       const int owner = ((i - j) % g + g) % g;
       const int next = (i + 1) % g;
-      const Bytes block_bytes = kv_per_token * layout.tokens[owner];
+      const Bytes block_bytes = ring.block_bytes[owner];
       if (j < g - 1) {
-        const int holds_block[] = {reach[i], j == 0 ? -1 : kv_arrived[i], last_kv_send[i]};
+        const int holds_block[] = {ring.reach[i], j == 0 ? -1 : kv_arrived[i], last_kv_send[i]};
         kv_sends[i] = add_p2p(ctx, ranks[i], ranks[next], block_bytes,
-                              ctx.graph.add_join(holds_block), group.routing_proxies,
-                              group.routing_chunks, [&] {
-                                return fmt::format("ring kv {} g{} step {}", pass_name(pass), g,
-                                                   j);
+                              ctx.graph.add_join(holds_block), ring.routing_proxies,
+                              ring.routing_chunks, [&] {
+                                return fmt::format("{} kv {} {} step {}", ring.what,
+                                                   pass_name(pass), ring.size, j);
                               });
         if (kv_sends[i] >= 0) last_kv_send[i] = kv_sends[i];
       }
-      // Packed: own tokens against the owner's, one call (runtime: its ring loop).
-      const Seconds compute_s =
-          tiles_packed(ctx)
-              ? call_time_s(ctx.cost, spans[i], spans[owner], 1, pass)
-              : attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner), 1, pass);
       last_compute[i] = ctx.graph.add_compute(
-          ranks[i], ctx.micro_batch, compute_s, {last_compute[i], j == 0 ? -1 : kv_arrived[i]},
-          [&] { return fmt::format("attention {} ring g{} step {}", pass_name(pass), g, j); });
+          ranks[i], ctx.micro_batch, compute_s(i, owner),
+          {last_compute[i], j == 0 ? -1 : kv_arrived[i]}, [&] {
+            return fmt::format("attention {} {} {} step {}", pass_name(pass), ring.what,
+                               ring.size, j);
+          });
       if (!forward) {
         const int dkv_ready[] = {last_compute[i], j == 0 ? -1 : dkv_arrived[i], last_dkv_send[i]};
         const bool home = j == g - 1;  // the last send takes the dKV to its owner
         dkv_sends[i] = add_p2p(
             ctx, ranks[i], ranks[next], block_bytes, ctx.graph.add_join(dkv_ready),
-            group.routing_proxies, group.routing_chunks, [&] {
-              return home ? fmt::format("ring dkv home bwd g{}", g)
-                          : fmt::format("ring dkv bwd g{} step {}", g, j);
+            ring.routing_proxies, ring.routing_chunks, [&] {
+              return home ? fmt::format("{} dkv home bwd {}", ring.what, ring.size)
+                          : fmt::format("{} dkv bwd {} step {}", ring.what, ring.size, j);
             });
         if (dkv_sends[i] >= 0) last_dkv_send[i] = dkv_sends[i];
       }
@@ -300,6 +308,133 @@ void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   for (int i = 0; i < g; ++i) {
     const int ends[] = {last_compute[i], forward ? -1 : dkv_arrived[i]};
     ctx.cursor[ranks[i]] = ctx.graph.add_join(ends);
+  }
+}
+
+void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
+  const GroupLayout layout = layout_of(group);
+  const int g = static_cast<int>(group.ranks.size());
+  const RingSteps ring{group.ranks,
+                       bytes_per_member(layout, ctx.cost.model().kv_bytes_per_token()),
+                       member_cursors(ctx, group),
+                       group.routing_proxies,
+                       group.routing_chunks,
+                       "ring",
+                       fmt::format("g{}", g)};
+  const auto spans = tiles_packed(ctx) ? member_spans(ctx, group)
+                                       : std::vector<std::vector<DocumentRange>>();
+  // Packed: own tokens against the owner's, one call (runtime: its ring loop).
+  add_ring_steps(
+      ctx, ring,
+      [&](int i, int owner) {
+        return tiles_packed(ctx)
+                   ? call_time_s(ctx.cost, spans[i], spans[owner], 1, pass)
+                   : attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner), 1, pass);
+      },
+      pass);
+}
+
+/// USP (Fang & Zhao 2024, arXiv 2405.07719): stage s holds ranks [s u, (s + 1) u). Each
+/// stage's members run the Ulysses all-to-all among themselves (the cost rule of a Ulysses
+/// group of u, KV heads replicated as there); then for each m the members m of the r
+/// stages run a ring (add_ring_steps) whose blocks are a stage's KV for the member's heads
+/// (usp_kv_bytes_per_token per stage token) and whose steps compute a stage's tokens
+/// against a stage's tokens with the heads split u ways; then each stage's all-to-all
+/// back. The stages are positions of a ring, so the ring's causal step blocks and packed
+/// calls are the same functions over the stages' tokens (each stage's in member order).
+void add_usp(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
+  const GroupLayout layout = layout_of(group);
+  const Model& model = ctx.cost.model();
+  const int tensor_parallel = ctx.cost.cluster().tensor_parallel.gpus;
+  const bool forward = pass == Pass::forward;
+  const int u = group.ulysses_degree;
+  const int size = static_cast<int>(group.ranks.size());
+  BALLAST_CHECK(u >= 1 && size % u == 0, "a validated usp group is whole stages");
+  const int r = size / u;
+  const auto stage_of = [u](int position) { return position / u; };
+  // The stages as positions of a ring: tokens and chunks (in sequence order: members'
+  // chunks of one sequence stay in member order).
+  GroupLayout stages;
+  stages.tokens.assign(static_cast<std::size_t>(r), 0);
+  stages.chunks.resize(static_cast<std::size_t>(r));
+  {
+    std::map<int, int> position_of_rank;
+    for (int i = 0; i < size; ++i) position_of_rank[group.ranks[i]] = i;
+    for (std::size_t s = 0; s < group.sequences.size(); ++s) {
+      for (const Chunk& chunk : group.sequences[s].chunks) {
+        const int stage = stage_of(position_of_rank.at(chunk.rank));
+        stages.tokens[stage] += chunk.size();
+        stages.chunks[stage].push_back({static_cast<int>(s), chunk.begin_tokens, chunk.end_tokens});
+      }
+    }
+  }
+  std::vector<std::vector<DocumentRange>> stage_spans(static_cast<std::size_t>(r));
+  if (tiles_packed(ctx)) {
+    const auto spans = member_spans(ctx, group);
+    for (int i = 0; i < size; ++i) {
+      auto& stage = stage_spans[stage_of(i)];
+      stage.insert(stage.end(), spans[i].begin(), spans[i].end());
+    }
+  }
+  const Bytes qkv_per_token = ulysses_qkv_bytes_per_token(model, tensor_parallel, u);
+  const Bytes in_per_token = forward ? qkv_per_token : model.hidden_bytes_per_token();
+  const Bytes out_per_token = forward ? model.hidden_bytes_per_token() : qkv_per_token;
+  const auto stage_ranks = [&](int stage) {
+    return std::vector<int>(group.ranks.begin() + stage * u, group.ranks.begin() + (stage + 1) * u);
+  };
+  const auto stage_bytes = [&](int stage, Bytes per_token) {
+    std::vector<Bytes> bytes;
+    for (int i = stage * u; i < (stage + 1) * u; ++i) bytes.push_back(layout.tokens[i] * per_token);
+    return bytes;
+  };
+  const auto add_stage_all_to_all = [&](int stage, Bytes per_token, std::vector<int> deps,
+                                        const char* what) {
+    const std::vector<int> members = stage_ranks(stage);
+    return ctx.graph.add_collective(
+        members, ctx.micro_batch, ctx.cost.all_to_all_time_s(members, stage_bytes(stage, per_token)),
+        ctx.ports.collective_ports(members), deps,
+        [&] { return fmt::format("usp {} {}", what, pass_name(pass)); });
+  };
+  for (int stage = 0; stage < r; ++stage) {
+    std::vector<int> deps;
+    for (int rank : stage_ranks(stage)) deps.push_back(ctx.cursor[rank]);
+    const int scatter =
+        add_stage_all_to_all(stage, in_per_token, deps, forward ? "all-to-all qkv" : "all-to-all dout");
+    for (int rank : stage_ranks(stage)) ctx.cursor[rank] = scatter;
+  }
+  const Bytes kv_per_token = usp_kv_bytes_per_token(model, tensor_parallel, u);
+  const std::vector<Bytes> block_bytes = bytes_per_member(stages, kv_per_token);
+  const auto compute_s = [&](int stage, int owner) {
+    return tiles_packed(ctx)
+               ? call_time_s(ctx.cost, stage_spans[stage], stage_spans[owner], u, pass)
+               : attention_time_s(ctx.cost, ring_step_blocks(stages, stage, owner), u, pass);
+  };
+  for (int m = 0; m < u; ++m) {
+    RingSteps ring{{}, block_bytes, {}, 1, 1, "usp", fmt::format("u{} r{}", u, r)};
+    for (int stage = 0; stage < r; ++stage) {
+      ring.ranks.push_back(group.ranks[stage * u + m]);
+      ring.reach.push_back(ctx.cursor[ring.ranks.back()]);
+    }
+    if (r == 1) {  // no ring, whole documents: Ulysses' compute (validate() admits r >= 2)
+      const int rank = ring.ranks.front();
+      const Seconds duration_s =
+          tiles_packed(ctx) ? compute_s(0, 0)
+                            : attention_time_s(ctx.cost, whole_documents(group), u, pass);
+      ctx.cursor[rank] = ctx.graph.add_compute(rank, ctx.micro_batch, duration_s,
+                                               {ctx.cursor[rank]}, [&] {
+                                                 return fmt::format("attention {} usp {}",
+                                                                    pass_name(pass), ring.size);
+                                               });
+      continue;
+    }
+    add_ring_steps(ctx, ring, compute_s, pass);
+  }
+  for (int stage = 0; stage < r; ++stage) {
+    std::vector<int> deps;
+    for (int rank : stage_ranks(stage)) deps.push_back(ctx.cursor[rank]);
+    const int gather =
+        add_stage_all_to_all(stage, out_per_token, deps, forward ? "all-to-all out" : "all-to-all dqkv");
+    for (int rank : stage_ranks(stage)) ctx.cursor[rank] = gather;
   }
 }
 
@@ -377,6 +512,8 @@ void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pa
       return add_all_gather(ctx, group, pass);
     case Scheme::ulysses:
       return add_ulysses(ctx, group, pass);
+    case Scheme::usp:
+      return add_usp(ctx, group, pass);
   }
   BALLAST_CHECK(false, "unknown scheme");
 }

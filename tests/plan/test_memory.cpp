@@ -45,6 +45,22 @@ TEST(Memory, UlyssesBeyondTheKvHeadsHoldsReplicatedKv) {
   EXPECT_EQ(attention_buffer_bytes(model, 2, Scheme::ulysses, 2, 10, 30), 4096 * 15);
 }
 
+TEST(Memory, UspHoldsItsStagesUlyssesBufferAndTwoRingBlocks) {
+  const Model model = testing::small_model();  // 8 heads, 4 KV heads: QKV 4,096, KV 2,048 B
+  // u = 2: the stage all-to-all leaves a member 4,096 B per token of its 10 (no replica),
+  // and each ring block is a stage's KV for its 2 KV heads, 1,024 B per token of the
+  // stage's at most 2 x 10 tokens: 40,960 + 2 x 20,480.
+  EXPECT_EQ(usp_kv_bytes_per_token(model, 1, 2), 1024);
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::usp, 8, 10, 80, 2), 4096 * 10 + 2 * 1024 * 20);
+  // A group of 15 tokens has no stage above 15.
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::usp, 8, 10, 15, 2), 4096 * 10 + 2 * 1024 * 15);
+  // u = 8 beyond the 4 KV heads: 6,144 B all-to-all per token, a ring block of one KV head
+  // (K, V: 512 B per token).
+  EXPECT_EQ(usp_kv_bytes_per_token(model, 1, 8), 512);
+  EXPECT_EQ(attention_buffer_bytes(model, 1, Scheme::usp, 16, 10, 1000, 8),
+            6144 * 10 + 2 * 512 * 80);
+}
+
 TEST(Memory, BasePlanByHand) {
   const auto cost = fake_cost();
   const Bytes kv = cost.model().kv_bytes_per_token();

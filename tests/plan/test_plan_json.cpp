@@ -79,16 +79,18 @@ TEST(PlanJson, CanonicalTextIsDeterministic) {
 }
 
 TEST(PlanJson, SchemeNames) {
-  for (Scheme scheme : {Scheme::local, Scheme::ring, Scheme::all_gather, Scheme::ulysses}) {
+  for (Scheme scheme :
+       {Scheme::local, Scheme::ring, Scheme::all_gather, Scheme::ulysses, Scheme::usp}) {
     EXPECT_EQ(parse_scheme(to_string(scheme)), scheme);
   }
+  EXPECT_EQ(to_string(Scheme::usp), "usp");
   EXPECT_EQ(to_string(Scheme::all_gather), "all_gather");
   try {
     parse_scheme("zigzag");
     FAIL() << "expected InputError";
   } catch (const InputError& error) {
     EXPECT_STREQ(error.what(),
-                 "unknown attention scheme 'zigzag'; use one of local, ring, all_gather, ulysses");
+                 "unknown attention scheme 'zigzag'; use one of local, ring, all_gather, ulysses, usp");
   }
 }
 
@@ -149,7 +151,7 @@ TEST(PlanJson, NestedErrorsNameTheJsonPath) {
             "integer, got number 0.5");
   EXPECT_EQ(error_after([](json& d) { d["micro_batches"][1]["groups"][0]["scheme"] = "zigzag"; }),
             "plan.json: micro_batches[1].groups[0].scheme: unknown attention scheme 'zigzag'; "
-            "use one of local, ring, all_gather, ulysses");
+            "use one of local, ring, all_gather, ulysses, usp");
   EXPECT_EQ(
       error_after([](json& d) { d["micro_batches"][1]["groups"][1].erase("routing_proxies"); }),
       "plan.json: micro_batches[1].groups[1].routing_proxies: missing; add this field "
@@ -205,6 +207,29 @@ TEST(PlanJson, RoutingChunksAreOptionalAndWrittenOnlyWhenNotOne) {
                 [](json& d) { d["micro_batches"][1]["groups"][0]["routing_chunks"] = 4294967296; }),
             "plan.json: micro_batches[1].groups[0].routing_chunks: integer 4294967296 does not "
             "fit in 32 bits");
+}
+
+TEST(PlanJson, UlyssesDegreeIsWrittenOnlyForUspGroups) {
+  const std::string plain = plan_to_string(base_plan());
+  EXPECT_EQ(plain.find("ulysses_degree"), std::string::npos);
+  Plan plan = full_plan();
+  AttentionGroup& group = plan.micro_batches[1].groups[0];
+  group.scheme = Scheme::usp;
+  group.ulysses_degree = 2;
+  const json out = to_json(plan);
+  EXPECT_EQ(out["micro_batches"][1]["groups"][0]["scheme"], "usp");
+  EXPECT_EQ(out["micro_batches"][1]["groups"][0]["ulysses_degree"], 2);
+  EXPECT_FALSE(out["micro_batches"][0]["groups"][2].contains("ulysses_degree"));
+  const std::string text = plan_to_string(plan);
+  const Plan back = plan_from_json(json::parse(text), "plan.json");
+  EXPECT_EQ(back.micro_batches[1].groups[0].scheme, Scheme::usp);
+  EXPECT_EQ(back.micro_batches[1].groups[0].ulysses_degree, 2);
+  EXPECT_EQ(back.micro_batches[0].groups[2].ulysses_degree, 1);
+  EXPECT_EQ(plan_to_string(back), text);
+  EXPECT_EQ(
+      error_after([](json& d) { d["micro_batches"][1]["groups"][0]["ulysses_degree"] = "2"; }),
+      "plan.json: micro_batches[1].groups[0].ulysses_degree: expected an integer, got "
+      "string \"2\"");
 }
 
 TEST(PlanJson, BallastVersionIsWrittenAndOptionalOnReading) {
@@ -269,7 +294,7 @@ TEST(PlanJson, ErrorsNameAnotherWritingBallast) {
               d["micro_batches"][0]["groups"][0]["placement"] = "spread";
             }),
             std::string("plan.json: micro_batches[0].groups[0]: unknown key \"placement\"; the "
-                        "known keys are scheme, ranks, routing_proxies, routing_chunks, sequences "
+                        "known keys are scheme, ranks, routing_proxies, routing_chunks, ulysses_degree, sequences "
                         "(the plan was written by ballast 9.9.9; this is ballast ") +
                 version() + ")");
   EXPECT_EQ(error_after([](json& d) {

@@ -1,5 +1,6 @@
 // validate() and require_valid(): a valid plan of every scheme passes; each invariant,
 // broken once by hand, is reported with its location in plain words.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "ballast/error.hpp"
@@ -141,6 +142,59 @@ TEST(Validate, UlyssesDegreeNeitherDividingNorAMultipleOfTheKvHeadsIsRejected) {
   EXPECT_FALSE(validate(plan, cost).ok);
   plan.micro_batches[0].groups[0] = split_group(Scheme::ulysses, {0, 1, 2, 3}, {{0, 6000}});
   EXPECT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+}
+
+/// A usp group of `ranks` in stages of `degree`, zigzag chunks over its ranks.
+AttentionGroup usp_group(std::vector<int> ranks, int degree, const testing::Placed& sequences) {
+  AttentionGroup group = split_group(Scheme::usp, std::move(ranks), sequences);
+  group.ulysses_degree = degree;
+  return group;
+}
+
+Plan usp_plan(AttentionGroup group) {
+  Plan plan = base_plan();
+  plan.sequence_lengths_tokens = {4096};
+  plan.micro_batches = {testing::micro_batch_of({std::move(group)})};
+  return plan;
+}
+
+TEST(Validate, UspStagesOfAnAllowedUlyssesDegree) {
+  // 8 heads, 4 KV heads: stages of 2 (4 stages) or 4 (2 stages) on 8 ranks, of 2 on 4.
+  expect_valid(usp_plan(usp_group({0, 1, 2, 3, 4, 5, 6, 7}, 2, {{0, 4096}})));
+  expect_valid(usp_plan(usp_group({0, 1, 2, 3, 4, 5, 6, 7}, 4, {{0, 4096}})));
+  expect_valid(usp_plan(usp_group({0, 4, 1, 5}, 2, {{0, 4096}})));
+  Plan padded = usp_plan(usp_group({0, 1, 2, 3}, 2, {{0, 4104}}));  // 8 = 2 x 4 tokens: too many
+  EXPECT_EQ(violation(padded),
+            "micro-batch 0, group 0 (usp): sequence 0 is padded from 4096 to 4104 tokens; "
+            "padding must stay below 2 x group size = 8 tokens");
+}
+
+TEST(Validate, UspNeedsTwoStagesOfTwoRanksOrMore) {
+  const std::string shape =
+      "micro-batch 0, group 0 (usp): a usp group of 4 ranks needs a ulysses_degree (ranks per "
+      "stage) of at least 2 that divides 4 and leaves at least 2 stages, not {}; write a group "
+      "of one stage as ulysses and a group with ulysses_degree 1 as ring";
+  for (int degree : {1, 3, 4, 0}) {
+    EXPECT_EQ(violation(usp_plan(usp_group({0, 1, 2, 3}, degree, {{0, 4096}}))),
+              fmt::format(fmt::runtime(shape), degree));
+  }
+  // 6 ranks in stages of 3: 3 does not divide the 8 heads.
+  EXPECT_EQ(
+      violation(usp_plan(usp_group({0, 1, 2, 3, 4, 5}, 3, {{0, 4104}}))),
+      "micro-batch 0, group 0 (usp): Ulysses degree 3 cannot shard the model's 8 heads and 4 KV "
+      "heads: the degree must divide the heads and either divide the KV heads or be a multiple "
+      "of them (KV heads replicated); use one of the degrees 1, 2, 4, 8 (or another scheme for "
+      "this group)");
+  AttentionGroup routed = usp_group({0, 1, 4, 5}, 2, {{0, 4096}});
+  routed.routing_proxies = 2;
+  EXPECT_EQ(violation(usp_plan(routed)),
+            "micro-batch 0, group 0 (usp): usp groups do not route their ring hops through "
+            "proxies (routing_proxies 2); set routing_proxies to 1");
+  AttentionGroup ring = split_group(Scheme::ring, {0, 1, 2, 3}, {{0, 4096}});
+  ring.ulysses_degree = 2;
+  EXPECT_EQ(violation(usp_plan(ring)),
+            "micro-batch 0, group 0 (ring): ulysses_degree 2 is only for usp groups; remove it "
+            "(or make the group usp)");
 }
 
 TEST(UlyssesRule, DegreesByHand) {

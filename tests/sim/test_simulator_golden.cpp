@@ -261,6 +261,54 @@ TEST_F(SimulatorGolden, UlyssesGroupRunsTwoAllToAllsPerPass) {
   EXPECT_NEAR(start_of(report, 1, "all-to-all qkv fwd"), ms(0.175), kTolerance_s);
 }
 
+TEST_F(SimulatorGolden, UspRunsStageAllToAllsAroundRingsOfStagePeers) {
+  // 2 nodes x 2 GPUs (one NIC per GPU), one 400-token document, u = 2, r = 2: stage 0 =
+  // ranks {0, 1} holds [0, 200) (rank 0 [0, 100), rank 1 [100, 200)), stage 1 = {2, 3}
+  // [200, 400). Rings of stage peers: {0, 2} and {1, 3}, each member with 1 of the 2
+  // heads (head split 2). Linear per rank (100 tokens): qkv 0.25 / out 0.75 fwd, out 1.5 /
+  // qkv 0.5 bwd. Attention of a stage against itself 20100 pairs / 2 = 10.05 fwd, 20.1 bwd;
+  // stage 1 against stage 0 40000 / 2 = 20 fwd, 40 bwd; stage 0 against stage 1 nothing.
+  FakeCostModel cost(fake_cluster(2, 2, 2), fake_model());
+  Plan plan = testing::empty_plan(cost, {400});
+  AttentionGroup group = testing::make_group(
+      Scheme::usp, {0, 1, 2, 3}, {{0, {{0, 0, 100}, {1, 100, 200}, {2, 200, 300}, {3, 300, 400}}}});
+  group.ulysses_degree = 2;
+  plan.micro_batches.push_back({{group}, {}, {}});
+  const SimulationReport report = run(plan, cost);
+  // fwd: stage a2a qkv [0.25, 3.25] (both stages at once); ring kv step 0 [3.25, 5.25];
+  //      step 0 [3.25, 13.3]; stage 0's step 1 is empty (13.3), stage 1's [13.3, 33.3];
+  //      a2a out: stage 0 [13.3, 16.3] -> out 17.05; stage 1 [33.3, 36.3] -> 37.05.
+  // bwd: out 1.5 -> stage 0 18.55, stage 1 38.55; a2a dout -> 21.55, 41.55.
+  //   ring {0, 2}: rank 0 kv [21.55, 23.55], step 0 [21.55, 41.65], dkv [41.65, 43.65];
+  //   rank 2 kv [41.55, 43.55], step 0 [41.55, 61.65], dkv [61.65, 63.65];
+  //   step 1: rank 0 empty at 43.55 (its block's kv), dkv home once rank 2's dkv is in:
+  //   [63.65, 65.65]; rank 2 [61.65, 101.65], dkv home [101.65, 103.65].
+  //   a2a dqkv: stage 0 at 103.65 (rank 0's own dkv home) -> 106.65 -> qkv 107.15; stage 1
+  //   [101.65, 104.65] -> 105.15; sync 5 -> 112.15.
+  EXPECT_NEAR(report.step_time_s, ms(112.15), kTolerance_s);
+  EXPECT_STREQ(group_category(group, cost.cluster()), "usp inter-node");
+  EXPECT_NEAR(start_of(report, 2, "usp all-to-all qkv fwd"), ms(0.25), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 3, "attention fwd usp u2 r2 step 1"), ms(13.3), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "usp all-to-all out fwd"), ms(13.3), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 2, "usp all-to-all out fwd"), ms(33.3), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "usp kv bwd u2 r2 step 0", "send"), ms(21.55), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 2, "attention bwd usp u2 r2 step 1"), ms(61.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "usp dkv home bwd u2 r2", "send"), ms(63.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 3, "usp dkv home bwd u2 r2", "send"), ms(101.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 1, "usp all-to-all dqkv bwd"), ms(103.65), kTolerance_s);
+  EXPECT_NEAR(start_of(report, 0, "gradient sync", "collective"), ms(107.15), kTolerance_s);
+  // Bytes: QKV 36 B and O 12 B per token (hidden 6, 2 KV heads of 3, 2 B): each stage's
+  // all-to-all in both passes carries {100, 100} tokens' worth; the lower bound's USP floor
+  // asks once for the same (ceil(400 / 4) tokens per member), hence 4 + 1. A ring block is
+  // a stage's K, V of the member's one KV head: 12 B per token.
+  const auto calls_with = [&](const std::vector<Bytes>& bytes) {
+    return std::count(cost.all_to_all_bytes.begin(), cost.all_to_all_bytes.end(), bytes);
+  };
+  EXPECT_EQ(calls_with({3600, 3600}), 5);
+  EXPECT_EQ(calls_with({1200, 1200}), 5);
+  EXPECT_EQ(usp_kv_bytes_per_token(cost.model(), 1, 2), 12);
+}
+
 TEST_F(SimulatorGolden, UlyssesBeyondTheKvHeadsSendsEachKvHeadToItsReplicas) {
   // 4 heads, 2 KV heads, head dim 2, 2 bytes per element: per token Q 16 B, K + V 16 B,
   // QKV 32 B, output 16 B. A Ulysses group of 4 gives each member 1 query head, which

@@ -25,6 +25,13 @@ class PlanGenerator {
     return *this;
   }
 
+  /// Groups of 4 or more ranks become usp groups (stages of the largest allowed Ulysses
+  /// degree below the size that divides it) half the time.
+  PlanGenerator& with_usp() {
+    with_usp_ = true;
+    return *this;
+  }
+
   Plan make() {
     std::vector<Tokens> lengths;
     const int count = 8 + pick(24);
@@ -73,6 +80,16 @@ class PlanGenerator {
         group.scheme = Scheme::ring;
       }
       for (int r = first; r < first + size; ++r) group.ranks.push_back(r);
+      if (with_usp_ && size >= 4 && pick(2) == 0) {
+        for (int u = size / 2; u >= 2; --u) {
+          if (size % u == 0 &&
+              ulysses_degree_allowed(cost_.model(), cost_.cluster().tensor_parallel.gpus, u)) {
+            group.scheme = Scheme::usp;
+            group.ulysses_degree = u;
+            break;
+          }
+        }
+      }
       if (group.scheme == Scheme::ring && largest_any_size_ == 0) {  // proxies: whole nodes
         group.routing_proxies = 1 + pick(2);
         group.routing_chunks = 1 << pick(3);
@@ -125,6 +142,7 @@ class PlanGenerator {
   int min_tokens_;
   int spread_;
   int largest_any_size_ = 0;
+  bool with_usp_ = false;
 };
 
 TEST(SimulatorRandom, LowerBoundHoldsAndTimesAddUp) {
@@ -195,6 +213,71 @@ TEST(SimulatorRandom, GroupsOfAnySizeAndReplicatedKvHeads) {
   }
   EXPECT_GT(odd_sizes, 0);
   EXPECT_GT(ulysses_beyond_kv_heads, 0);
+}
+
+TEST(SimulatorRandom, UspLowerBoundHolds) {
+  // usp groups beside every other scheme, unpacked and packed tiles, GQA (Llama-3-8B: 8
+  // KV heads) and MHA (Llama-2-7B): the bound holds and runs repeat exactly.
+  int usp_groups = 0;
+  for (const bool packed : {false, true}) {
+    for (const char* name : {"llama-7b", "llama3-8b"}) {
+      Cluster cluster = cluster_preset("a800-roce");
+      cluster.nodes = 2;
+      cluster.attention_tile_tokens = packed ? 64 : cluster.attention_tile_tokens;
+      cluster.attention_tiles_packed = packed;
+      const AnalyticalCostModel cost(cluster, model_preset(name));
+      for (unsigned seed = 1; seed <= 12; ++seed) {
+        SCOPED_TRACE(std::string(name) + " seed " + std::to_string(seed));
+        const Plan plan = PlanGenerator(cost, seed, 64, 1000).any_size(16).with_usp().make();
+        for (const MicroBatch& micro_batch : plan.micro_batches) {
+          for (const AttentionGroup& group : micro_batch.groups) {
+            usp_groups += group.scheme == Scheme::usp;
+          }
+        }
+        const SimulationReport report = simulate(plan, cost);  // validates the plan
+        EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+        EXPECT_EQ(simulate(plan, cost).step_time_s, report.step_time_s);
+      }
+    }
+  }
+  EXPECT_GT(usp_groups, 20);
+}
+
+TEST(SimulatorRandom, UspOfOneStageOrOneRankPerStageCostsUlyssesOrRing) {
+  // The USP builder's general code on the two shapes validate() spells otherwise: a usp
+  // group with ulysses_degree 1 is a ring of its ranks, one with ulysses_degree = size is a
+  // Ulysses group: the same step time, to the last bit (the one-rank all-to-alls are free).
+  int rings = 0, ulysses = 0;
+  for (const bool packed : {false, true}) {
+    Cluster cluster = cluster_preset("a800-roce");
+    cluster.nodes = 2;
+    cluster.attention_tiles_packed = packed;
+    const AnalyticalCostModel cost(cluster, model_preset("llama3-8b"));
+    const SimulatorEvaluator evaluator(cost);
+    for (unsigned seed = 1; seed <= 16; ++seed) {
+      SCOPED_TRACE("seed " + std::to_string(seed));
+      const Plan plan = PlanGenerator(cost, seed, 64, 4000).any_size(16).make();
+      Plan as_usp = plan;
+      for (MicroBatch& micro_batch : as_usp.micro_batches) {
+        for (AttentionGroup& group : micro_batch.groups) {
+          const auto size = static_cast<int>(group.ranks.size());
+          if (size < 2) continue;
+          if (group.scheme == Scheme::ring && group.routing_proxies == 1) {
+            group.scheme = Scheme::usp;
+            group.ulysses_degree = 1;
+            ++rings;
+          } else if (group.scheme == Scheme::ulysses) {
+            group.scheme = Scheme::usp;
+            group.ulysses_degree = size;
+            ++ulysses;
+          }
+        }
+      }
+      EXPECT_EQ(evaluator.step_time_s(as_usp), evaluator.step_time_s(plan));
+    }
+  }
+  EXPECT_GT(rings, 10);
+  EXPECT_GT(ulysses, 10);
 }
 
 }  // namespace
