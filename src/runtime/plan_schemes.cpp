@@ -1,6 +1,7 @@
 // The attention schemes of PlanAttentionEngine (plan_engine.hpp) on this rank's tokens of
 // one group: the group's state (built at its first call), the dispatch by scheme, and
-// local, all_gather and ulysses, forward and backward (the ring: plan_ring.cpp).
+// local, all_gather and ulysses (with a ring in the middle: usp), forward and backward (the
+// ring: plan_ring.cpp).
 #include <algorithm>
 #include <memory>
 #include <unordered_map>
@@ -70,6 +71,61 @@ UlyssesHeads ulysses_heads(const AttentionShape& shape, int group_size) {
 
 }  // namespace
 
+void PlanAttentionEngine::gather_members(GroupState& state) {
+  for (const Member& member : state.members) {
+    state.first_row.push_back(state.all.size());
+    state.all.documents.insert(state.all.documents.end(), member.documents.begin(),
+                               member.documents.end());
+    state.all.positions.insert(state.all.positions.end(), member.positions.begin(),
+                               member.positions.end());
+  }
+  state.all_tiles = TokenTiles(state.all.span());
+}
+
+void PlanAttentionEngine::split_usp(GroupState& state) {
+  const AttentionGroup& group = *state.group;
+  const int degree = group.ulysses_degree;
+  const int size = static_cast<int>(group.ranks.size());
+  BALLAST_CHECK(degree >= 1 && size % degree == 0, "a validated usp group is whole stages");
+  const int stages = size / degree;
+  const int stage = state.position / degree;
+  const int member = state.position % degree;
+  // This rank's stage: a Ulysses group of its u members.
+  state.stage_group.scheme = Scheme::ulysses;
+  state.stage_group.ranks.assign(group.ranks.begin() + stage * degree,
+                                 group.ranks.begin() + (stage + 1) * degree);
+  auto stage_state = std::make_unique<GroupState>();
+  stage_state->group = &state.stage_group;
+  stage_state->group_index = state.group_index;
+  stage_state->position = member;
+  stage_state->first = state.first;
+  stage_state->count = state.count;
+  stage_state->members.assign(state.members.begin() + stage * degree,
+                              state.members.begin() + (stage + 1) * degree);
+  for (const Member& one : stage_state->members) stage_state->tiles.emplace_back(one.span());
+  gather_members(*stage_state);
+  // The ring of the stages' member `member`: position j holds stage j's tokens.
+  state.ring_group.scheme = Scheme::ring;
+  auto ring_state = std::make_unique<GroupState>();
+  ring_state->group = &state.ring_group;
+  ring_state->group_index = state.group_index;
+  ring_state->position = stage;
+  ring_state->members.resize(static_cast<std::size_t>(stages));
+  for (int j = 0; j < stages; ++j) {
+    state.ring_group.ranks.push_back(group.ranks[static_cast<std::size_t>(j * degree + member)]);
+    Member& tokens = ring_state->members[static_cast<std::size_t>(j)];
+    for (int i = j * degree; i < (j + 1) * degree; ++i) {
+      const Member& one = state.members[static_cast<std::size_t>(i)];
+      tokens.documents.insert(tokens.documents.end(), one.documents.begin(), one.documents.end());
+      tokens.positions.insert(tokens.positions.end(), one.positions.begin(), one.positions.end());
+    }
+  }
+  ring_state->count = ring_state->members[static_cast<std::size_t>(stage)].size();
+  for (const Member& one : ring_state->members) ring_state->tiles.emplace_back(one.span());
+  state.stage = std::move(stage_state);
+  state.ring = std::move(ring_state);
+}
+
 PlanAttentionEngine::GroupState& PlanAttentionEngine::group_state(std::size_t index) {
   std::unique_ptr<GroupState>& slot = group_states_[index];
   if (slot) return *slot;
@@ -101,16 +157,8 @@ PlanAttentionEngine::GroupState& PlanAttentionEngine::group_state(std::size_t in
   BALLAST_CHECK(state->members[static_cast<std::size_t>(state->position)].size() == mine.count,
                 "group token counts must agree");
   for (const Member& member : state->members) state->tiles.emplace_back(member.span());
-  if (group.scheme == Scheme::ulysses && group.ranks.size() > 1) {
-    for (const Member& member : state->members) {
-      state->first_row.push_back(state->all.size());
-      state->all.documents.insert(state->all.documents.end(), member.documents.begin(),
-                                  member.documents.end());
-      state->all.positions.insert(state->all.positions.end(), member.positions.begin(),
-                                  member.positions.end());
-    }
-    state->all_tiles = TokenTiles(state->all.span());
-  }
+  if (group.scheme == Scheme::ulysses && group.ranks.size() > 1) gather_members(*state);
+  if (group.scheme == Scheme::usp) split_usp(*state);
   slot = std::move(state);
   return *slot;
 }
@@ -136,9 +184,11 @@ void PlanAttentionEngine::run_group_forward(const AttentionShape& shape, std::si
     ring_forward(shape, state, q, k, v, out, lse);
   } else if (group.scheme == Scheme::all_gather) {
     all_gather_forward(shape, state, q, k, v, out, lse);
-  } else {
+  } else {  // ulysses, or usp: Ulysses in this rank's stage around the ring of its peers
     if (saved.head_shards.size() < my_groups_.size()) saved.head_shards.resize(my_groups_.size());
-    ulysses_forward(shape, state, q, k, v, out, lse, saved.head_shards[index]);
+    const bool usp = group.scheme == Scheme::usp;
+    ulysses_forward(shape, usp ? *state.stage : state, q, k, v, out, lse,
+                    saved.head_shards[index], usp ? state.ring.get() : nullptr);
   }
 }
 
@@ -156,8 +206,10 @@ void PlanAttentionEngine::run_group_backward(const AttentionShape& shape, std::s
   float* d_k = d_k_all + kv_offset;
   float* d_v = d_v_all + kv_offset;
   const bool local = group.ranks.size() == 1 || group.scheme == Scheme::local;
-  if (!local && group.scheme == Scheme::ulysses) {
-    ulysses_backward(shape, state, saved.head_shards.at(index), d_out, d_q, d_k, d_v);
+  if (!local && (group.scheme == Scheme::ulysses || group.scheme == Scheme::usp)) {
+    const bool usp = group.scheme == Scheme::usp;
+    ulysses_backward(shape, usp ? *state.stage : state, saved.head_shards.at(index), d_out, d_q,
+                     d_k, d_v, usp ? state.ring.get() : nullptr);
     return;
   }
   const float* q = saved.q.data() + q_offset;
@@ -320,7 +372,8 @@ void PlanAttentionEngine::all_gather_backward(const AttentionShape& shape, Group
 
 void PlanAttentionEngine::ulysses_forward(const AttentionShape& shape, GroupState& state,
                                           const float* q, const float* k, const float* v,
-                                          float* out, float* lse, HeadShard& shard) {
+                                          float* out, float* lse, HeadShard& shard,
+                                          GroupState* ring) {
   const AttentionGroup& group = *state.group;
   const int group_size = static_cast<int>(group.ranks.size());
   const UlyssesHeads sharding = ulysses_heads(shape, group_size);
@@ -378,10 +431,16 @@ void PlanAttentionEngine::ulysses_forward(const AttentionShape& shape, GroupStat
   }
   wait_exchange(state.requests);
   const AttentionShape member_shape{heads, kv_heads, head_dim};
-  state.accumulator.reset(total, member_shape);
-  attention_forward_accumulate(member_shape, shard.q.data(), state.all_tiles, shard.k.data(),
-                               shard.v.data(), state.all_tiles, state.accumulator);
-  attention_forward_finalize(member_shape, state.accumulator, shard.out.data(), shard.lse.data());
+  if (ring != nullptr) {  // USP: this member's heads of its stage around the stages' ring
+    ring_forward(member_shape, *ring, shard.q.data(), shard.k.data(), shard.v.data(),
+                 shard.out.data(), shard.lse.data());
+  } else {
+    state.accumulator.reset(total, member_shape);
+    attention_forward_accumulate(member_shape, shard.q.data(), state.all_tiles, shard.k.data(),
+                                 shard.v.data(), state.all_tiles, state.accumulator);
+    attention_forward_finalize(member_shape, state.accumulator, shard.out.data(),
+                               shard.lse.data());
+  }
   // Back to the owners: member m's rows of out and lse, as they are; receive[m] = [out rows |
   // lse rows] of this rank's tokens for m's heads.
   const std::size_t back_section = rows(count, q_columns + heads);
@@ -419,7 +478,7 @@ void PlanAttentionEngine::ulysses_forward(const AttentionShape& shape, GroupStat
 
 void PlanAttentionEngine::ulysses_backward(const AttentionShape& shape, GroupState& state,
                                            const HeadShard& shard, const float* d_out, float* d_q,
-                                           float* d_k, float* d_v) {
+                                           float* d_k, float* d_v, GroupState* ring) {
   // The forward kept this member's heads of q, k, v, out and lse: only dO travels here, and
   // dQ, dK, dV go back.
   const AttentionGroup& group = *state.group;
@@ -462,11 +521,17 @@ void PlanAttentionEngine::ulysses_backward(const AttentionShape& shape, GroupSta
   state.d_q_heads.assign(rows(total, q_columns), 0.0f);
   state.d_k_heads.assign(rows(total, kv_columns), 0.0f);
   state.d_v_heads.assign(rows(total, kv_columns), 0.0f);
-  attention_backward_accumulate(member_shape, shard.q.data(), state.d_out_heads.data(),
-                                shard.lse.data(), state.delta.data(), state.all_tiles,
-                                shard.k.data(), shard.v.data(), state.all_tiles,
-                                state.d_q_heads.data(), state.d_k_heads.data(),
-                                state.d_v_heads.data());
+  if (ring != nullptr) {  // USP: the ring's backward, dK/dV home to their stage
+    ring_backward(member_shape, *ring, shard.q.data(), shard.k.data(), shard.v.data(),
+                  state.d_out_heads.data(), shard.lse.data(), state.delta.data(),
+                  state.d_q_heads.data(), state.d_k_heads.data(), state.d_v_heads.data());
+  } else {
+    attention_backward_accumulate(member_shape, shard.q.data(), state.d_out_heads.data(),
+                                  shard.lse.data(), state.delta.data(), state.all_tiles,
+                                  shard.k.data(), shard.v.data(), state.all_tiles,
+                                  state.d_q_heads.data(), state.d_k_heads.data(),
+                                  state.d_v_heads.data());
+  }
   // Back to the owners: member m's rows of dQ, dK, dV as they are; receive[m] = [dq rows |
   // dk rows | dv rows] of this rank's tokens for m's heads.
   const std::size_t back_section = rows(count, q_columns + 2 * kv_columns);

@@ -1,4 +1,4 @@
-// Internal to the MPI engine (plan_engine.cpp, plan_schemes.cpp, plan_ring.cpp): the MPI
+// Internal to the MPI engine (plan_engine.cpp, plan_schemes.cpp, plan_ring.cpp, plan_usp.cpp): the MPI
 // tags of a group's phases, and what one attention group keeps from call to call, so that
 // after the first layer a call builds no token lists or tiles and allocates no buffers.
 #pragma once
@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ballast/error.hpp"
@@ -128,6 +129,13 @@ struct PlanAttentionEngine::GroupState {
   std::vector<MPI_Request> requests;
   std::vector<schemes_detail::Relay> relays;
   std::size_t relay_count = 0;
+
+  /// USP: this rank's stage as a Ulysses group of its u members (`stage_group`, position m)
+  /// and the ring of the stages' member m (`ring_group`, position = the stage; a member of
+  /// it is a whole stage's tokens in member order), with the parent's group index (their
+  /// peers differ: stage messages stay inside the stage, ring messages between stages).
+  AttentionGroup stage_group, ring_group;
+  std::unique_ptr<GroupState> stage, ring;
 };
 
 }  // namespace ballast::runtime

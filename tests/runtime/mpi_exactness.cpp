@@ -10,8 +10,9 @@
 // of the FFN, and the sequence-parallel collectives between them. Hand-built plans add what
 // no registered strategy plans yet: Ulysses beyond the KV heads (KV heads replicated, their
 // dK/dV summed back: a group of all 8 ranks over 4 KV heads, of 4 TP groups over 2 KV heads
-// per GPU, and groups of 2 and 3 over the one KV head of a multi-query model) and rings,
-// all-gathers and Ulysses groups of 3, 5 and 6 ranks.
+// per GPU, and groups of 2 and 3 over the one KV head of a multi-query model), rings,
+// all-gathers and Ulysses groups of 3, 5 and 6 ranks, and USP groups (stages of 2 and 4, one
+// KV head per TP GPU replicated on each stage's members).
 #include <mpi.h>
 
 #include <algorithm>
@@ -93,6 +94,7 @@ struct HandGroup {
   Scheme scheme = Scheme::local;
   std::vector<int> ranks;
   std::vector<std::int64_t> sequences;
+  int ulysses_degree = 1;  ///< usp: ranks per stage
 };
 
 /// A plan on `cost`'s cluster and model with one micro-batch per entry of `micro_batches`;
@@ -112,6 +114,7 @@ Plan hand_plan(const CostModel& cost, const std::vector<Tokens>& lengths,
       AttentionGroup group;
       group.scheme = hand.scheme;
       group.ranks = hand.ranks;
+      group.ulysses_degree = hand.ulysses_degree;
       const auto size = static_cast<Tokens>(hand.ranks.size());
       for (std::int64_t id : hand.sequences) {
         const Tokens length = lengths[static_cast<std::size_t>(id)];
@@ -247,6 +250,44 @@ int main(int argc, char** argv) {
     for (auto& [label, plan] : hand) {
       require_valid(plan, *cost, label);
       failures += check_plan(label, plan, config, parameters, documents_of(hand_lengths, config.vocab, 300), rank);
+    }
+    if (plan_ranks >= 4) {
+      // USP (stages of u consecutive ranks of the list, rings of their members m): this
+      // model with u = 2 (and 4 at 8 ranks, TP 1), stages on one node or across nodes
+      // ({4, 6} and {5, 7}), rings in both directions.
+      std::vector<std::vector<HandGroup>> usp = {{{Scheme::usp, rank_range(0, 4), {0, 1, 2, 3}, 2}}};
+      if (plan_ranks >= 8) {
+        usp[0].push_back({Scheme::usp, {4, 6, 5, 7}, {4, 5, 6}, 2});
+        usp.push_back({{Scheme::usp, rank_range(0, 8), {7, 8, 9, 10, 11}, 4}});
+      } else {
+        usp[0].front().sequences.insert(usp[0].front().sequences.end(), {4, 5, 6});
+        usp.push_back({{Scheme::usp, {3, 2, 1, 0}, {7, 8, 9, 10, 11}, 2}});
+      }
+      const Plan plan = hand_plan(*cost, hand_lengths, usp);
+      require_valid(plan, *cost, "hand:usp");
+      failures += check_plan("hand:usp", plan, config, parameters, documents_of(hand_lengths, config.vocab, 302), rank);
+      // One KV head per TP GPU (8 heads, kv_heads = TP degree): every u >= 2 replicates it
+      // on u members of a stage, their dK/dV summed back after the ring.
+      ModelConfig gqa = config;
+      gqa.kv_heads = kTensorParallel;
+      const Parameters gqa_parameters = init_parameters(gqa, 10);
+      const Model gqa_model = planning_model(gqa);
+      const auto gqa_cost = make_cost_model(
+          load_cost_model_spec("analytical"),
+          tensor_parallel_units(emulated_cluster(gqa_model, ranks, kGpusPerNode, 160), gqa_model, kTensorParallel),
+          gqa_model);
+      std::vector<std::vector<HandGroup>> replicated;
+      if (plan_ranks >= 8) {
+        replicated = {{{Scheme::usp, rank_range(0, 8), {0, 1, 2, 3, 4, 5}, 4}},
+                      {{Scheme::usp, {7, 6, 5, 4, 3, 2, 1, 0}, {6, 7, 8, 9, 10, 11}, 2}}};
+      } else {
+        replicated = {{{Scheme::usp, rank_range(0, 4), {0, 1, 2, 3, 4, 5}, 2}},
+                      {{Scheme::usp, {2, 3, 0, 1}, {6, 7, 8, 9, 10, 11}, 2}}};
+      }
+      const Plan replicated_plan = hand_plan(*gqa_cost, hand_lengths, replicated);
+      require_valid(replicated_plan, *gqa_cost, "hand:usp-replicated");
+      failures += check_plan("hand:usp-replicated-kv", replicated_plan, gqa, gqa_parameters,
+                             documents_of(hand_lengths, gqa.vocab, 303), rank);
     }
     if (kTensorParallel == 1 && plan_ranks >= 3) {
       // Multi-query attention, 6 heads: Ulysses groups of 3 and (at 8 ranks) 6 hold the one

@@ -4,8 +4,9 @@
 // passed with non-blocking point-to-point overlapped with the block's compute; backward,
 // each block's dK/dV partial follows one step behind it, overlapped with the next step's
 // compute, and the last step returns it to its owner), all_gather (KV of every member;
-// dK/dV reduced back to the owner) and ulysses (all-to-all from sequence to head sharding,
-// GQA-aware). Every rank of the engine's communicator is plan rank = its rank there (the
+// dK/dV reduced back to the owner), ulysses (all-to-all from sequence to head sharding,
+// GQA-aware) and usp (Ulysses inside each stage, ring attention between the stages' members
+// of the same heads). Every rank of the engine's communicator is plan rank = its rank there (the
 // job's ranks, or under tensor parallelism the ranks of one member index, tensor_parallel.hpp);
 // all ranks call forward/backward for every layer of every micro-batch (the remap is
 // collective).
@@ -110,6 +111,10 @@ class PlanAttentionEngine final : public AttentionEngine {
   std::vector<TokenRef> group_tokens(const AttentionGroup& group, int rank) const;
   /// The state of my_groups_[index], built at its first call.
   GroupState& group_state(std::size_t index);
+  /// Ulysses: every token of the state's members in member order (all, first_row, all_tiles).
+  static void gather_members(GroupState& state);
+  /// USP: the state's stage and ring sub-states (stage_group, ring_group, stage, ring).
+  static void split_usp(GroupState& state);
   /// my_groups_[index] on the attention layout: forward fills saved.out and saved.lse (and
   /// a Ulysses group's head shard); backward adds to d_q, d_k, d_v.
   void run_group_forward(const AttentionShape& shape, std::size_t index, Saved& saved);
@@ -130,10 +135,14 @@ class PlanAttentionEngine final : public AttentionEngine {
   void all_gather_backward(const AttentionShape& shape, GroupState& state, const float* q,
                            const float* k, const float* v, const float* d_out, const float* lse,
                            const float* delta, float* d_q, float* d_k, float* d_v);
+  /// Ulysses over state's group; with `ring` (USP: state is this rank's stage) the head
+  /// shard's attention runs as ring attention over the stages (ring_forward on `ring`).
   void ulysses_forward(const AttentionShape& shape, GroupState& state, const float* q,
-                       const float* k, const float* v, float* out, float* lse, HeadShard& shard);
+                       const float* k, const float* v, float* out, float* lse, HeadShard& shard,
+                       GroupState* ring);
   void ulysses_backward(const AttentionShape& shape, GroupState& state, const HeadShard& shard,
-                        const float* d_out, float* d_q, float* d_k, float* d_v);
+                        const float* d_out, float* d_q, float* d_k, float* d_v,
+                        GroupState* ring);
   /// Non-blocking point-to-point of a group exchange, appended to `requests` (the send
   /// counts its bytes); wait_exchange() completes them.
   void post_receive(float* data, std::size_t floats, int peer, int tag,
