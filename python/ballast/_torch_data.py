@@ -99,10 +99,29 @@ class StepInfo:
             for t in self.plan.remap_transfers(micro_batch)])
 
     def group_rank_sets(self) -> List[Tuple[int, ...]]:
-        """Every distinct multi-rank attention group of the plan, as sorted rank tuples, sorted."""
-        return self._cached("rank_sets", lambda: sorted({
-            tuple(sorted(int(r) for r in group.ranks))
-            for batch in self._micro_batches() for group in batch.groups if len(group.ranks) > 1}))
+        """Every distinct multi-rank attention group of the plan, as sorted rank tuples, sorted;
+        a usp group adds its stages and the rings of its stages' members (``usp_rank_sets``)."""
+        def make() -> List[Tuple[int, ...]]:
+            sets = set()
+            for batch in self._micro_batches():
+                for group in batch.groups:
+                    if len(group.ranks) > 1:
+                        sets.add(tuple(sorted(int(r) for r in group.ranks)))
+                    if str(group.scheme) == "usp":
+                        stages, rings = usp_rank_sets(group.ranks, int(group.ulysses_degree))
+                        sets.update(stages + rings)
+            return sorted(sets)
+        return self._cached("rank_sets", make)
+
+
+def usp_rank_sets(ranks: Sequence[int], ulysses_degree: int) -> Tuple[List[Tuple[int, ...]], List[Tuple[int, ...]]]:
+    """A usp group's stages (u consecutive ranks of its list, each sorted: a stage's members
+    are numbered by rank, as a Ulysses group's are) and its rings (member m of every stage,
+    sorted), both as tuples of plan ranks."""
+    u = ulysses_degree
+    stages = [tuple(sorted(int(r) for r in ranks[j:j + u])) for j in range(0, len(ranks), u)]
+    rings = [tuple(sorted(stage[m] for stage in stages)) for m in range(u)]
+    return stages, rings
 
 
 # --------------------------------------------------------------------------------------

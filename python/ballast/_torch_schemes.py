@@ -1,5 +1,6 @@
 """ballast.torch's attention schemes as planned: local, ring (zigzag chunks, K/V passed
-around the ring), Ulysses (all-to-all to head sharding) and all-gather, each group of a
+around the ring), Ulysses (all-to-all to head sharding), USP (Ulysses inside stages around a
+ring of the stages) and all-gather, each group of a
 micro-batch in group-index order, forward and backward, as the C++ runtime runs them
 (docs/runtime.md, "What runs"). ``attention(..., schemes="planned")`` calls it; import it
 through ``ballast.torch`` (docs/python.md, "Attention schemes").
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from ballast._torch_data import StepInfo
 from ballast._torch_kernels import VarlenLayout, varlen_attention
 
-SCHEMES = ("local", "ring", "ulysses", "all_gather")
+SCHEMES = ("local", "ring", "ulysses", "all_gather", "usp")
 
 # --------------------------------------------------------------------------------------
 # Communication accounting
@@ -79,6 +80,8 @@ class SchemeGroup:
     rows: Tuple[int, int]             # my rows [begin, end) in my attention layout
     member_rows: List[int]            # each member's row count in this group
     member_chunks: List[List[Chunk]]  # each member's chunks, rows relative to its group rows
+    ulysses_degree: int = 1           # usp: ranks per stage
+    plan_order: Tuple[int, ...] = ()  # usp: the plan's rank list (stages: u consecutive ranks of it)
 
     @property
     def size(self) -> int:
@@ -126,7 +129,8 @@ def scheme_schedule(info: StepInfo, micro_batch: int, rank: int, tensor_parallel
                                  f"ballast.torch runs {', '.join(SCHEMES)}")
             groups.append(SchemeGroup(index, scheme, ranks, _process_ranks(ranks, info.tensor_parallel,
                                                                             tensor_parallel_rank),
-                                      ranks.index(rank), (first, last), member_rows, member_chunks))
+                                      ranks.index(rank), (first, last), member_rows, member_chunks,
+                                      int(group.ulysses_degree), tuple(int(r) for r in group.ranks)))
         return groups
 
     return info._cached(("scheme_schedule", micro_batch, rank, tensor_parallel_rank), make)
@@ -254,7 +258,10 @@ def _ulysses_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _ulysses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGroup, process_group: Any,
-             scale: float, kernel: Any, stats: Optional[CommunicationStats]) -> torch.Tensor:
+             scale: float, kernel: Any, stats: Optional[CommunicationStats], scheme: str = "ulysses",
+             attend: Any = None) -> torch.Tensor:
+    """``attend(q, k, v)`` (USP: the ring over the stages) replaces the attention over the
+    group's whole sequences on the head-sharded rows (member order) when given."""
     rows, heads, head_dim = q.shape
     shards = ulysses_heads(heads, k.shape[1], group.size)
     me = group.member
@@ -263,25 +270,29 @@ def _ulysses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGro
     widths = [(b - a + 2 * (d - c)) * head_dim for a, b, c, d in shards]
     a, b, c, d = shards[me]
     received = _AllToAll.apply(torch.cat(parts), [rows * w for w in widths],
-                               [n * widths[me] for n in group.member_rows], me, process_group, stats, "ulysses")
+                               [n * widths[me] for n in group.member_rows], me, process_group, stats, scheme)
     received = received.view(-1, b - a + 2 * (d - c), head_dim)          # (group rows, my heads, head_dim)
-    # member order -> sequence order (each sequence whole, positions 0 ..)
-    positions = group.stacked_positions()
-    order = [row for s in sorted(positions) for row in positions[s]]
-    bounds = [0]
-    for s in sorted(positions):
-        bounds.append(bounds[-1] + len(positions[s]))
-    index = torch.tensor(order, dtype=torch.long, device=q.device)
-    packed = received.index_select(0, index)
     q_heads, kv_heads = b - a, d - c
-    out = varlen_attention(packed[:, :q_heads], packed[:, q_heads:q_heads + kv_heads],
-                           packed[:, q_heads + kv_heads:], VarlenLayout.causal(bounds), softmax_scale=scale,
-                           kernel=kernel)
-    unpacked = torch.empty_like(out).index_copy(0, index, out)          # back to member order
+    if attend is not None:
+        unpacked = attend(received[:, :q_heads], received[:, q_heads:q_heads + kv_heads],
+                          received[:, q_heads + kv_heads:])
+    else:
+        # member order -> sequence order (each sequence whole, positions 0 ..)
+        positions = group.stacked_positions()
+        order = [row for s in sorted(positions) for row in positions[s]]
+        bounds = [0]
+        for s in sorted(positions):
+            bounds.append(bounds[-1] + len(positions[s]))
+        index = torch.tensor(order, dtype=torch.long, device=q.device)
+        packed = received.index_select(0, index)
+        out = varlen_attention(packed[:, :q_heads], packed[:, q_heads:q_heads + kv_heads],
+                               packed[:, q_heads + kv_heads:], VarlenLayout.causal(bounds), softmax_scale=scale,
+                               kernel=kernel)
+        unpacked = torch.empty_like(out).index_copy(0, index, out)      # back to member order
     # head -> sequence sharding: member m's rows of my heads back to m
     back = _AllToAll.apply(unpacked.reshape(-1), [n * q_heads * head_dim for n in group.member_rows],
                            [rows * (sb - sa) * head_dim for sa, sb, _, _ in shards], me, process_group, stats,
-                           "ulysses")
+                           scheme)
     pieces = back.split([rows * (sb - sa) * head_dim for sa, sb, _, _ in shards])
     return torch.cat([p.view(rows, sb - sa, head_dim) for p, (sa, sb, _, _) in zip(pieces, shards)], dim=1)
 
@@ -354,7 +365,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGroup,
                 process_group: Any, scale: float, kernel: Any,
-                stats: Optional[CommunicationStats]) -> torch.Tensor:  # type: ignore[override]
+                stats: Optional[CommunicationStats], scheme: str) -> torch.Tensor:  # type: ignore[override]
         kv = torch.cat([k, v], dim=-1).contiguous()
         accumulation = torch.float64 if q.dtype == torch.float64 else torch.float32
         out = torch.zeros(q.shape, dtype=accumulation, device=q.device)
@@ -368,7 +379,7 @@ class _RingAttention(torch.autograd.Function):
                 incoming = kv.new_empty((group.member_rows[(owner - 1) % group.size],) + tuple(kv.shape[1:]))
                 requests = _exchange([(block, _successor(group))], [(incoming, _predecessor(group))], process_group)
                 if stats is not None:
-                    stats.add("ring", "forward", _nbytes(block))
+                    stats.add(scheme, "forward", _nbytes(block))
             pairs = pairs_by_owner[owner]
             if pairs is not None:
                 keys = block.index_select(0, pairs.key_rows)
@@ -384,13 +395,13 @@ class _RingAttention(torch.autograd.Function):
         out = out.to(q.dtype)
         lse = lse.float() if accumulation == torch.float32 else lse
         ctx.save_for_backward(q, kv, out, lse)
-        ctx.args = (group, process_group, scale, kernel, stats, pairs_by_owner)
+        ctx.args = (group, process_group, scale, kernel, stats, pairs_by_owner, scheme)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:  # type: ignore[override]
         q, kv, out, lse = ctx.saved_tensors
-        group, process_group, scale, kernel, stats, pairs_by_owner = ctx.args
+        group, process_group, scale, kernel, stats, pairs_by_owner, scheme = ctx.args
         grad_out = grad_out.contiguous()
         head_dim = q.shape[-1]
         accumulation = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -408,7 +419,7 @@ class _RingAttention(torch.autograd.Function):
                 receives.append((arriving, _predecessor(group)))
             requests = _exchange(sends, receives, process_group)
             if stats is not None:
-                stats.add("ring", "backward", sum(_nbytes(t) for t, _ in sends))
+                stats.add(scheme, "backward", sum(_nbytes(t) for t, _ in sends))
             mine = torch.zeros(block.shape, dtype=accumulation, device=kv.device)
             pairs = pairs_by_owner[owner]
             if pairs is not None:
@@ -422,18 +433,19 @@ class _RingAttention(torch.autograd.Function):
             _wait(requests)
             finished = (mine if arriving is None else mine + arriving.to(accumulation)).to(kv.dtype)
             block = incoming
-        grad_kv = _send_gradients_home(finished, kv, group, process_group, stats)
-        return (grad_q.to(q.dtype), grad_kv[..., :head_dim], grad_kv[..., head_dim:], None, None, None, None, None)
+        grad_kv = _send_gradients_home(finished, kv, group, process_group, stats, scheme)
+        return (grad_q.to(q.dtype), grad_kv[..., :head_dim], grad_kv[..., head_dim:], None, None, None, None, None,
+                None)
 
 
 def _send_gradients_home(finished: torch.Tensor, kv: torch.Tensor, group: SchemeGroup, process_group: Any,
-                         stats: Optional[CommunicationStats]) -> torch.Tensor:
+                         stats: Optional[CommunicationStats], scheme: str) -> torch.Tensor:
     """The last backward step: my last block's dK/dV (of my successor's block, summed by every
     member) to its owner, mine from my predecessor."""
     home = kv.new_empty(kv.shape)
     _wait(_exchange([(finished, _successor(group))], [(home, _predecessor(group))], process_group))
     if stats is not None:
-        stats.add("ring", "backward", _nbytes(finished))
+        stats.add(scheme, "backward", _nbytes(finished))
     return home
 
 
@@ -459,7 +471,53 @@ def _predecessor(group: SchemeGroup) -> int:
 
 def _ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGroup, process_group: Any,
           scale: float, kernel: Any, stats: Optional[CommunicationStats]) -> torch.Tensor:
-    return _RingAttention.apply(q, k, v, group, process_group, scale, kernel, stats)
+    return _RingAttention.apply(q, k, v, group, process_group, scale, kernel, stats, "ring")
+
+
+# --------------------------------------------------------------------------------------
+# USP: Ulysses inside each stage, ring attention between the stages' members of the same heads
+# --------------------------------------------------------------------------------------
+
+
+def _usp_parts(group: SchemeGroup) -> Tuple[SchemeGroup, SchemeGroup]:
+    """My stage as a Ulysses group (members by rank) and the ring of the stages' member m
+    (my position in my stage): a ring member's rows are its whole stage's, stacked in the
+    stage's member order as the all-to-all leaves them."""
+    from ballast._torch_data import usp_rank_sets
+    me = group.ranks[group.member]
+    stages, rings = usp_rank_sets(group.plan_order, group.ulysses_degree)
+    process_of = dict(zip(group.ranks, group.process_ranks))
+    position = {r: i for i, r in enumerate(group.ranks)}
+
+    def part(scheme: str, ranks: Tuple[int, ...], member_rows: List[int], member_chunks: List[List[Chunk]],
+             member: int) -> SchemeGroup:
+        return SchemeGroup(group.index, scheme, ranks, tuple(process_of[r] for r in ranks), member, group.rows,
+                           member_rows, member_chunks)
+
+    stage = next(s for s in stages if me in s)
+    m = stage.index(me)
+    stage_group = part("ulysses", stage, [group.member_rows[position[r]] for r in stage],
+                       [group.member_chunks[position[r]] for r in stage], m)
+    ring = rings[m]
+    ring_rows, ring_chunks = [], []
+    for peer in ring:
+        peer_stage = next(s for s in stages if peer in s)
+        offset, chunks = 0, []
+        for r in peer_stage:
+            chunks += [(sid, b, e, offset + row) for sid, b, e, row in group.member_chunks[position[r]]]
+            offset += group.member_rows[position[r]]
+        ring_rows.append(offset)
+        ring_chunks.append(chunks)
+    return stage_group, part("usp", ring, ring_rows, ring_chunks, ring.index(me))
+
+
+def _usp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeGroup, process_groups: Any,
+         scale: float, kernel: Any, stats: Optional[CommunicationStats]) -> torch.Tensor:
+    stage, ring = _usp_parts(group)
+    ring_group = process_groups.get(ring.process_ranks)
+    attend = lambda q_, k_, v_: _RingAttention.apply(q_, k_, v_, ring, ring_group, scale, kernel,  # noqa: E731
+                                                     stats, "usp")
+    return _ulysses(q, k, v, stage, process_groups.get(stage.process_ranks), scale, kernel, stats, "usp", attend)
 
 
 # --------------------------------------------------------------------------------------
@@ -471,6 +529,8 @@ def _run_group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: SchemeG
                scale: float, kernel: Any, stats: Optional[CommunicationStats]) -> torch.Tensor:
     if group.scheme == "local":
         return _local(q, k, v, group, scale, kernel)
+    if group.scheme == "usp":
+        return _usp(q, k, v, group, process_groups, scale, kernel, stats)
     process_group = process_groups.get(group.process_ranks)
     run = {"ring": _ring, "ulysses": _ulysses, "all_gather": _all_gather}[group.scheme]
     return run(q, k, v, group, process_group, scale, kernel, stats)

@@ -366,12 +366,13 @@ PYBIND11_MODULE(_ballast, m) {
         return fmt::format("SequenceChunks(sequence_id={}, padded_length={}, chunks={})", s.sequence_id,
                            s.padded_length_tokens, s.chunks.size());
       });
-  py::class_<AttentionGroup>(m, "Group", "An attention group: scheme (local, ring, all_gather, ulysses), ranks (ring order) and the chunks of its sequences.")
+  py::class_<AttentionGroup>(m, "Group", "An attention group: scheme (local, ring, all_gather, ulysses, usp), ranks (ring order; usp: stages of ulysses_degree consecutive ranks) and the chunks of its sequences.")
       .def_property_readonly("scheme", [](const AttentionGroup& g) { return to_string(g.scheme); })
       .def_readonly("ranks", &AttentionGroup::ranks)
       .def_readonly("sequences", &AttentionGroup::sequences)
       .def_readonly("routing_proxies", &AttentionGroup::routing_proxies)
       .def_readonly("routing_chunks", &AttentionGroup::routing_chunks)
+      .def_readonly("ulysses_degree", &AttentionGroup::ulysses_degree)
       .def("__repr__", [](const AttentionGroup& g) {
         return fmt::format("Group(scheme='{}', ranks={}, sequences={})", to_string(g.scheme),
                            fmt::join(g.ranks, ","), g.sequences.size());

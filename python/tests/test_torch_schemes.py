@@ -9,8 +9,9 @@ schemes"). Planted bugs (dK/dV not sent home in the ring, a wrong causal offset 
 blocks, all-to-all gradients dropped, Ulysses members reading the wrong KV heads) must be
 caught, and so must a replicated KV head's dK/dV kept from one Ulysses member only.
 Hand-made plans also run Ulysses beyond the KV heads (4 members over 2 KV heads; 2 and 3
-members over the one KV head of a 12-head MQA layout) and rings, all-gathers and Ulysses
-groups of 3.
+members over the one KV head of a 12-head MQA layout), rings, all-gathers and Ulysses
+groups of 3, and USP groups (2 stages of 2, GQA and MQA: KV head replicated in a stage); a
+USP ring whose queries skip the other stages' blocks must be caught.
 
 Run with -s to see the measured errors and volumes (docs/python.md records them).
 """
@@ -59,6 +60,10 @@ CASES = {
     # non-power-of-two groups on an MQA model: Ulysses of 3 (KV head on all 3), an all-gather of 3
     "replicated": ("replicated", 4096, {"ulysses", "local", "all_gather", "ring"}),
     "replicated-mqa": ("replicated-mqa", 4096, {"ulysses", "local", "all_gather", "ring"}),
+    # USP: stages of 2 ranks around a ring of 2 (stages [0, 1] | [2, 3], then [3, 1] | [2, 0]);
+    # on the 12-head MQA layout each stage's members hold the one KV head (replicated)
+    "usp": ("usp", 4096, {"usp"}),
+    "usp-mqa": ("usp-mqa", 4096, {"usp"}),
     # the all-gather reference (attention(schemes="reference")) on the same plan: no bytes counted
     "mixed/reference": ("mixed", 4096, {"ring", "ulysses", "all_gather", "local"}),
 }
@@ -69,9 +74,10 @@ BUGS = {
     "all_to_all_drops_gradients": "mixed",
     "ulysses_wrong_kv_heads": "static-ulysses",
     "ulysses_replicas_not_summed": "replicated",
+    "usp_ring_own_stage_only": "usp",
 }
 # case -> (heads, KV heads) when not (HEADS, KV_HEADS)
-HEAD_LAYOUTS = {"replicated-mqa": (MQA_HEADS, MQA_KV_HEADS)}
+HEAD_LAYOUTS = {"replicated-mqa": (MQA_HEADS, MQA_KV_HEADS), "usp-mqa": (MQA_HEADS, MQA_KV_HEADS)}
 
 
 def _heads_of(case: str) -> tuple:
@@ -134,7 +140,34 @@ def _replicated_plan(cluster: ballast.Cluster, model: ballast.Model) -> ballast.
     return ballast.Plan.from_json(json.dumps(base), "test_torch_schemes replicated plan")
 
 
-HAND_PLANS = {"mixed": _mixed_plan, "replicated": _replicated_plan, "replicated-mqa": _replicated_plan}
+def _usp_plan(cluster: ballast.Cluster, model: ballast.Model) -> ballast.Plan:
+    """Two micro-batches of one usp group (ulysses_degree 2) each. 0: ranks [0, 1, 2, 3]
+    (stages {0, 1} and {2, 3}; rings {0, 2} and {1, 3}), document 0 zigzag over the stages
+    (stage 0 holds its first and last quarter), document 1 in rank-order quarters. 1: ranks
+    [3, 1, 2, 0] (stages {3, 1} and {2, 0}), the other documents in list-order quarters."""
+    base = json.loads(ballast.plan(np.array(LENGTHS), cluster, model, "zeppelin").to_json())
+
+    def sequence(i, ranks):
+        n, g = LENGTHS[i], len(ranks)
+        chunks = [[r, n * j // g, n * (j + 1) // g] for j, r in enumerate(ranks) if n * j // g < n * (j + 1) // g]
+        return {"id": i, "padded_length_tokens": n, "chunks": chunks}
+
+    def group(ranks, *sequences):
+        return {"ranks": ranks, "routing_proxies": 1, "scheme": "usp", "ulysses_degree": 2,
+                "sequences": list(sequences)}
+
+    zigzag = {"id": 0, "padded_length_tokens": 1500, "chunks": [
+        [0, 0, 188], [1, 188, 375], [2, 375, 563], [3, 563, 750], [2, 750, 938], [3, 938, 1125],
+        [0, 1125, 1313], [1, 1313, 1500]]}
+    base["micro_batches"] = [
+        {"groups": [group([0, 1, 2, 3], zigzag, sequence(1, [0, 1, 2, 3]))]},
+        {"groups": [group([3, 1, 2, 0], *[sequence(i, [3, 1, 2, 0]) for i in range(2, 8)])]},
+    ]
+    return ballast.Plan.from_json(json.dumps(base), "test_torch_schemes usp plan")
+
+
+HAND_PLANS = {"mixed": _mixed_plan, "replicated": _replicated_plan, "replicated-mqa": _replicated_plan,
+              "usp": _usp_plan, "usp-mqa": _usp_plan}
 
 
 def _expected_bytes(plan: ballast.Plan, micro_batch: int, rank: int, element_bytes: int = 4,
@@ -149,6 +182,9 @@ def _expected_bytes(plan: ballast.Plan, micro_batch: int, rank: int, element_byt
                            each member's one KV head, replicated) + (N - n_i) rows of H/g heads (out)
                   backward (g-1) n_i rows of H/g heads (dO) + (N - n_i) rows of (H/g + 2 max(KV/g, 1))
                            heads (dQ, dK, dV: every replica's dK, dV back to the owner)
+      usp         (stages of u, each's members by rank; rings of member m of every stage, by rank)
+                  the stage's all-to-alls as ulysses with g = u over the stage's rows, and the
+                  ring's as ring over the stages' row totals with K/V rows of 2 max(KV/u, 1) heads
       local       nothing."""
     rows: dict = {}
     for r in range(plan.ranks):
@@ -181,6 +217,24 @@ def _expected_bytes(plan: ballast.Plan, micro_batch: int, rank: int, element_byt
             out_row = heads // g * HEAD_DIM
             add("ulysses", "forward", (g - 1) * n[i] * qkv_row + (total - n[i]) * out_row)
             add("ulysses", "backward", (g - 1) * n[i] * out_row + (total - n[i]) * qkv_row)
+        elif scheme == "usp":
+            u = int(group.ulysses_degree)
+            held = dict(zip(ranks, n))
+            stages = [sorted(int(r) for r in list(group.ranks)[j:j + u]) for j in range(0, g, u)]
+            stage = next(s for s in stages if rank in s)
+            m, stage_rows = stage.index(rank), [held[r] for r in stage]
+            qkv_row = (heads // u + 2 * max(kv_heads // u, 1)) * HEAD_DIM
+            out_row = heads // u * HEAD_DIM
+            mine, stage_total = stage_rows[m], sum(stage_rows)
+            add("usp", "forward", (u - 1) * mine * qkv_row + (stage_total - mine) * out_row)
+            add("usp", "backward", (u - 1) * mine * out_row + (stage_total - mine) * qkv_row)
+            ring = sorted(s[m] for s in stages)   # the ring's members by rank, each with its stage's rows
+            totals = [sum(held[r] for r in next(s for s in stages if peer in s)) for peer in ring]
+            j, r = ring.index(rank), len(ring)
+            usp_kv_row = 2 * max(kv_heads // u, 1) * HEAD_DIM
+            blocks = sum(totals[(j - s) % r] for s in range(r - 1)) * usp_kv_row
+            add("usp", "forward", blocks)
+            add("usp", "backward", blocks + sum(totals) * usp_kv_row)
     return expected
 
 
@@ -240,6 +294,14 @@ def _plant(bug):
                 parts.append(torch.cat([q[:, a:b], *kv], dim=1).reshape(-1))
             return parts
         schemes._ulysses_parts = first_holder_only
+    elif bug == "usp_ring_own_stage_only":
+        correct = schemes._usp_parts
+
+        def own_stage_only(group):  # the blocks go around, but queries attend to their own stage only
+            stage, ring = correct(group)
+            ring.member_chunks = [c if i == ring.member else [] for i, c in enumerate(ring.member_chunks)]
+            return stage, ring
+        schemes._usp_parts = own_stage_only
     elif bug is not None:
         raise ValueError(bug)
 
