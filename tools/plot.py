@@ -26,6 +26,8 @@ CATEGORY_COLOURS = {
     "ring inter-node": "#d62728",
     "ulysses intra-node": "#9467bd",
     "ulysses inter-node": "#5b2a86",
+    "usp intra-node": "#aec7e8",
+    "usp inter-node": "#1f77b4",
     "all-gather intra-node": "#e377c2",
     "all-gather inter-node": "#8c564b",
     "remap": "#17becf",

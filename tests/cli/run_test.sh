@@ -39,7 +39,8 @@ measured_categories() {  # measured_categories TRACE REQUIRED...
   /usr/bin/python3 - "$@" <<'PY'
 import json, sys
 known = {"linear", "remap", "gradient sync", "local", "ring intra-node", "ring inter-node",
-         "ulysses intra-node", "ulysses inter-node", "all-gather intra-node", "all-gather inter-node"}
+         "ulysses intra-node", "ulysses inter-node", "usp intra-node", "usp inter-node",
+         "all-gather intra-node", "all-gather inter-node"}
 spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
 seen = {e["args"].get("category", "") for e in spans}
 assert seen <= known, seen - known

@@ -170,6 +170,8 @@ TEST(GroupCategory, SchemeAndWhetherTheGroupSpansNodes) {
   EXPECT_EQ(category(Scheme::all_gather, {0, 7}), "all-gather inter-node");
   EXPECT_EQ(category(Scheme::ulysses, {4, 5, 6, 7}), "ulysses intra-node");
   EXPECT_EQ(category(Scheme::ulysses, {6, 7, 0, 1}), "ulysses inter-node");
+  EXPECT_EQ(category(Scheme::usp, {0, 1, 2, 3}), "usp intra-node");
+  EXPECT_EQ(category(Scheme::usp, {0, 1, 4, 5}), "usp inter-node");
 }
 
 }  // namespace
