@@ -1,4 +1,4 @@
-// Cluster presets: the clusters of FlexSP and Zeppelin and DGX H100/H200 nodes, every
+// Cluster presets: the clusters of FlexSP and Zeppelin (A800, H800, H200) and DGX H100/H200 nodes, every
 // constant with its source (SYSTEMS.md section 5, the papers, data/profiles).
 #include <array>
 #include <string>
@@ -216,10 +216,40 @@ Cluster h200() {
   return cluster;
 }
 
+/// H800 SXM (Zeppelin's cluster B): H100 SXM's compute with NVLink cut to 400 GB/s
+/// aggregate (NVIDIA's H800 datasheet: 400 GB/s NVLink; H100 SXM: 900 GB/s).
+Cluster h800() {
+  Cluster cluster = h100();
+  cluster.name = "h800";
+  cluster.gpu_name = "H800-SXM-80GB";
+  // H800 datasheet: 80 GB HBM3 and H100 SXM's 989 TFLOP/s dense BF16 (h100's value kept).
+  cluster.gpu_memory_bytes = static_cast<Bytes>(80 * kGiB);
+  // Estimate: NVLink at 400 of H100's 900 GB/s aggregate, so h100's busbw (370 GB/s) and
+  // P2P (351.8 GB/s) x 400/900. No H800 nccl-tests measurements: the node's collectives
+  // use the alpha-beta estimate (H100's NVLink fits do not apply).
+  constexpr double kNvlinkRatio = 400.0 / 900.0;
+  cluster.intra_node_bus_bw_bytes_per_s = 370 * kGBPerS * kNvlinkRatio;
+  cluster.intra_node_p2p_bw_bytes_per_s = 351.8328e9 * kNvlinkRatio;
+  cluster.intra_node_collectives = {};
+  // SYSTEMS.md 3: 8 NICs per node. Their speed is not published: 400 Gb/s (DGX H100's
+  // ConnectX-7, the common configuration) is an estimate, ~47 GB/s achieved (SYSTEMS.md 5).
+  cluster.nics_per_node = 8;
+  cluster.nic_bw_bytes_per_s = 47 * kGBPerS;
+  cluster.provenance =
+      "Zeppelin (EuroSys'26) cluster B, SYSTEMS.md sections 3 and 5: 8 nodes x 8 "
+      "H800-SXM-80GB, H100 SXM's compute (989 TFLOP/s BF16, FlashAttention-3 H100 attention "
+      "curves as h100), NVLink 400 GB/s aggregate (H800 datasheet; H100: 900), so NVLink "
+      "busbw 164 GB/s and P2P 156 GB/s are h100's x 400/900 (estimates; no H800 nccl-tests "
+      "measurements, collectives use the alpha-beta estimate). 8 NICs per node, one per "
+      "GPU; their speed is not published: 400 Gb/s (~47 GB/s achieved) is an estimate, the "
+      "common configuration. Latency 10 us intra / 30 us inter node (SYSTEMS.md 5).";
+  return cluster;
+}
+
 }  // namespace
 
 std::vector<std::string> cluster_preset_names() {
-  return {"a100-ib400", "a800-roce", "h100", "h200"};
+  return {"a100-ib400", "a800-roce", "h100", "h200", "h800"};
 }
 
 Cluster cluster_preset(const std::string& name) {
@@ -227,6 +257,7 @@ Cluster cluster_preset(const std::string& name) {
   if (name == "a800-roce") return a800_roce();
   if (name == "h100") return h100();
   if (name == "h200") return h200();
+  if (name == "h800") return h800();
   throw InputError(fmt::format("unknown cluster preset '{}'{}; known presets: {}", name,
                                did_you_mean(name, cluster_preset_names()),
                                fmt::join(cluster_preset_names(), ", ")));

@@ -20,7 +20,7 @@ done
 # --- list ---
 code=$(run "$work/list" "$work/err" "$ballast" list)
 check "list exits 0" test "$code" = 0
-for word in wlbllm prolong wikipedia magi a100-ib400 a800-roce h100 h200 gpt-7b llama3-8b \
+for word in wlbllm prolong wikipedia magi a100-ib400 a800-roce h100 h200 h800 gpt-7b llama3-8b \
             packed-dp static-cp static-cp-allgather static-ulysses batch-adaptive hybrid-dp default; do
   check "list shows $word" has "$work/list" "$word"
 done

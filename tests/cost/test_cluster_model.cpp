@@ -26,7 +26,7 @@ std::string write_temp_json(const std::string& name, const nlohmann::json& json)
 }
 
 TEST(ClusterPresets, NamesInOrderAndAllValid) {
-  const std::vector<std::string> expected = {"a100-ib400", "a800-roce", "h100", "h200"};
+  const std::vector<std::string> expected = {"a100-ib400", "a800-roce", "h100", "h200", "h800"};
   EXPECT_EQ(cluster_preset_names(), expected);
   for (const std::string& name : cluster_preset_names()) {
     const Cluster cluster = cluster_preset(name);
@@ -59,6 +59,17 @@ TEST(ClusterPresets, HardwareConstants) {
   EXPECT_DOUBLE_EQ(h200.intra_node_bus_bw_bytes_per_s, 367e9);
   EXPECT_EQ(h200.gpu_memory_bytes, static_cast<Bytes>(141 * kGiB));
   EXPECT_EQ(h200.attention_forward_curve, h100.attention_forward_curve);
+  // Zeppelin's cluster B: H100's compute, NVLink at 400 of 900 GB/s, 8 NICs of 400 Gb/s.
+  const Cluster h800 = cluster_preset("h800");
+  EXPECT_DOUBLE_EQ(h800.peak_flops_per_s, h100.peak_flops_per_s);
+  EXPECT_EQ(h800.attention_forward_curve, h100.attention_forward_curve);
+  EXPECT_EQ(h800.gpu_memory_bytes, static_cast<Bytes>(80 * kGiB));
+  EXPECT_DOUBLE_EQ(h800.intra_node_bus_bw_bytes_per_s, 370e9 * 400.0 / 900.0);
+  EXPECT_LT(h800.intra_node_p2p_bw_bytes_per_s, h100.intra_node_p2p_bw_bytes_per_s / 2);
+  EXPECT_TRUE(h800.intra_node_collectives.empty());
+  EXPECT_EQ(h800.gpus_per_nic(), 1);
+  EXPECT_DOUBLE_EQ(h800.nic_bw_bytes_per_s, 47e9);
+  EXPECT_NE(h800.provenance.find("estimate"), std::string::npos);
 }
 
 TEST(ClusterTopology, NodeAndNicMapping) {
