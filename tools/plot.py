@@ -33,6 +33,7 @@ CATEGORY_COLOURS = {
     "remap": "#17becf",
     "gradient sync": "#595959",
     "tensor parallel": "#bcbd22",
+    "expert parallel": "#aec7e8",
     "": "#000000",
 }
 CATEGORY_ORDER = list(CATEGORY_COLOURS)

@@ -215,14 +215,41 @@ class CostModel {
   /// The part of tensor_parallel_time_s that does not grow with the tokens (the
   /// collectives' latencies, all layers): tensor_parallel_time_s(n) - this is linear in n.
   Seconds tensor_parallel_latency_s() const;
-  /// Data-parallel gradient synchronisation over all ranks, once per step.
+  /// The expert-parallel all-to-alls of one micro-batch on a rank whose linear modules run
+  /// `tokens` tokens of an MoE model (0 for a dense one or expert_parallel 1): per layer a
+  /// dispatch and a combine in the forward pass and as many in the backward pass (the
+  /// forward's twice under full recomputation), each expert_parallel_all_to_all_time_s.
+  Seconds expert_parallel_time_s(Tokens tokens) const;
+  /// ONE of those all-to-alls per layer, all layers: all_to_all_time_s on the rank's
+  /// expert-parallel group (model().expert_parallel consecutive ranks) with every member
+  /// holding tokens x experts_per_token hidden vectors (each token goes to its top-k
+  /// experts, spread evenly over the group; the share for itself stays). Its latency and
+  /// bandwidth are computed once, at construction. 0 without tokens.
+  Seconds expert_parallel_all_to_all_time_s(Tokens tokens) const;
+  /// The part of expert_parallel_time_s that does not grow with the tokens.
+  Seconds expert_parallel_latency_s() const;
+  /// The collectives of a rank's linear modules in one micro-batch: tensor_parallel_time_s
+  /// + expert_parallel_time_s. What the planners' estimates and the lower bound charge.
+  Seconds linear_collectives_time_s(Tokens tokens) const;
+  /// tensor_parallel_latency_s + expert_parallel_latency_s.
+  Seconds linear_collectives_latency_s() const;
+  /// The time the routed experts of micro-batch `micro_batch` take, on a rank with `tokens`
+  /// linear tokens, beyond linear_time_s (which prices balanced routing): the experts'
+  /// share of linear_time_s x (model().expert_load_factor(micro_batch) - 1). >= 0; 0 for a
+  /// dense model. The simulator adds it; planners cannot know the routing in advance.
+  Seconds expert_imbalance_time_s(Tokens tokens, Pass pass, std::int64_t micro_batch) const;
+  /// Data-parallel gradient synchronisation over all ranks, once per step: the gradients
+  /// of model().gradient_sync_parameters() (an MoE model's routed experts are reduced
+  /// only among the ranks holding the same experts).
   virtual Seconds gradient_sync_time_s() const;
   /// One of `buckets` equal buckets of that synchronisation (1/buckets of the bytes, the
   /// whole latency): what the simulator overlaps with the backward pass.
   virtual Seconds gradient_bucket_sync_time_s(int buckets) const;
 
   // ---- memory ----
-  /// Model states (weights, gradients, optimizer) per rank: ZeRO-3 shards them over all ranks.
+  /// Model states (weights, gradients, optimizer) per rank: ZeRO-3 shards them over all
+  /// ranks. With expert parallelism the same bytes: a rank holds experts / EP experts,
+  /// sharded over the N / EP ranks holding the same ones.
   virtual Bytes model_state_bytes_per_rank() const;
   virtual Bytes activation_bytes_per_token() const;
   virtual Bytes memory_limit_bytes() const;
@@ -236,6 +263,9 @@ class CostModel {
 
   Cluster cluster_;
   Model model_;
+  /// One expert-parallel all-to-all, all layers: latency and seconds per byte a member holds.
+  Seconds expert_all_to_all_latency_s_ = 0;
+  double expert_all_to_all_s_per_byte_ = 0;
 
  private:
   /// cluster_.intra_node_collectives indexed by op: no map lookup on the planners' hot path.

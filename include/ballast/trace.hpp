@@ -27,6 +27,8 @@ inline constexpr const char* kRemap = "remap";
 inline constexpr const char* kGradientSync = "gradient sync";
 /// Tensor-parallel all-gathers and reduce-scatters of the linear modules (--tp).
 inline constexpr const char* kTensorParallel = "tensor parallel";
+/// An MoE model's expert-parallel all-to-alls (dispatch and combine of routed tokens).
+inline constexpr const char* kExpertParallel = "expert parallel";
 }  // namespace trace_category
 
 /// One interval of a rank's timeline (simulated or measured).

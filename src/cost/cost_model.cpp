@@ -53,6 +53,25 @@ CostModel::CostModel(Cluster cluster, Model model)
   for (const auto& [op, fits] : cluster_.intra_node_collectives) {
     collective_fits_[static_cast<std::size_t>(op)] = fits;
   }
+  if (model_.is_moe() && model_.expert_parallel > 1) {
+    const int group = model_.expert_parallel;
+    if (cluster_.ranks() % group != 0) {
+      throw InputError(fmt::format(
+          "model '{}': expert_parallel {} does not divide the {} ranks of cluster '{}'; "
+          "choose an expert-parallel degree that divides the ranks (or change {})",
+          model_.name, group, cluster_.ranks(), cluster_.name, setting_name("--nodes")));
+    }
+    // The base class's link model (a profiled family's all-to-all is Ulysses' bw[d]).
+    std::vector<int> members(static_cast<std::size_t>(group));
+    for (int i = 0; i < group; ++i) members[static_cast<std::size_t>(i)] = i;
+    constexpr Bytes kProbeBytes = Bytes{1} << 30;  // any size: the time is linear in it
+    const std::vector<Bytes> none(members.size(), 0);
+    const std::vector<Bytes> probe(members.size(), kProbeBytes);
+    expert_all_to_all_latency_s_ = CostModel::all_to_all_time_s(members, none);
+    expert_all_to_all_s_per_byte_ =
+        (CostModel::all_to_all_time_s(members, probe) - expert_all_to_all_latency_s_) /
+        static_cast<double>(kProbeBytes);
+  }
 }
 
 Seconds CostModel::attention_call_time_s(const PackedAttentionCall& call, int head_split,
@@ -120,6 +139,47 @@ Seconds CostModel::tensor_parallel_latency_s() const {
   if (tp.gpus <= 1) return 0.0;
   return micro_batch_passes(model_) * kTensorParallelCollectivesPerLayerAndPass * model_.layers *
          (tp.all_gather.latency_s + tp.reduce_scatter.latency_s);
+}
+
+Seconds CostModel::expert_parallel_all_to_all_time_s(Tokens tokens) const {
+  if (tokens <= 0 || expert_all_to_all_latency_s_ <= 0) return 0.0;
+  const double bytes = static_cast<double>(tokens) * model_.experts_per_token *
+                       static_cast<double>(model_.hidden_bytes_per_token());
+  return expert_all_to_all_latency_s_ + bytes * expert_all_to_all_s_per_byte_;
+}
+
+namespace {
+
+/// All-to-alls per MoE layer and pass: dispatch (tokens to their experts) and combine
+/// (expert outputs back); the backward pass sends the gradients the same two ways.
+constexpr int kExpertAllToAllsPerLayerAndPass = 2;
+
+}  // namespace
+
+Seconds CostModel::expert_parallel_time_s(Tokens tokens) const {
+  return micro_batch_passes(model_) * kExpertAllToAllsPerLayerAndPass *
+         expert_parallel_all_to_all_time_s(tokens);
+}
+
+Seconds CostModel::expert_parallel_latency_s() const {
+  return micro_batch_passes(model_) * kExpertAllToAllsPerLayerAndPass *
+         expert_all_to_all_latency_s_;
+}
+
+Seconds CostModel::linear_collectives_time_s(Tokens tokens) const {
+  return tensor_parallel_time_s(tokens) + expert_parallel_time_s(tokens);
+}
+
+Seconds CostModel::linear_collectives_latency_s() const {
+  return tensor_parallel_latency_s() + expert_parallel_latency_s();
+}
+
+Seconds CostModel::expert_imbalance_time_s(Tokens tokens, Pass pass, std::int64_t micro_batch) const {
+  if (!model_.is_moe() || tokens <= 0) return 0.0;
+  const double excess = model_.expert_load_factor(micro_batch) - 1.0;
+  if (!(excess > 0)) return 0.0;
+  const double expert_share = model_.expert_flops_per_token() / model_.linear_flops_per_token();
+  return linear_time_s(tokens, pass) * expert_share * excess;
 }
 
 Seconds CostModel::p2p_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank) const {
@@ -237,7 +297,7 @@ Seconds CostModel::gradient_bucket_sync_time_s(int buckets) const {
   BALLAST_CHECK(buckets >= 1, "at least one gradient bucket");
   const int ranks = cluster_.ranks();
   if (ranks <= 1) return 0.0;
-  const double gradient_bytes = model_.parameters * model_.bytes_per_element / buckets;
+  const double gradient_bytes = model_.gradient_sync_parameters() * model_.bytes_per_element / buckets;
   // One node with measured all_reduce constants (nccl-tests fits): NCCL's own all_reduce.
   if (cluster_.nodes == 1 && cluster_.intra_node_collectives.count(CollectiveOp::all_reduce) > 0) {
     return collective_time_s(CollectiveOp::all_reduce, ranks, saturating_bytes(gradient_bytes));

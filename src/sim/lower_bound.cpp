@@ -13,13 +13,15 @@ namespace ballast {
 
 namespace {
 
-/// The TP collectives' time that grows with the tokens (0 without TP): a rank runs its
-/// TP collectives between its compute tasks, never beside them, so every token's share
-/// adds to some rank's serial time; their latency is paid once per rank and micro-batch.
-/// Both passes, the forward's twice under full recomputation (tensor_parallel_time_s).
+/// The linear modules' collectives' time that grows with the tokens (TP's collectives and
+/// an MoE model's expert-parallel all-to-alls; 0 without either): a rank runs them between
+/// its compute tasks, never beside them, so every token's share adds to some rank's serial
+/// time; their latency is paid once per rank and micro-batch. Both passes, the forward's
+/// twice under full recomputation (linear_collectives_time_s). An MoE model's expert
+/// imbalance is left out: it only adds time (expert_imbalance_time_s >= 0).
 Seconds tensor_parallel_bandwidth_s(Tokens tokens, const CostModel& cost) {
   if (tokens <= 0) return 0.0;
-  return cost.tensor_parallel_time_s(tokens) - cost.tensor_parallel_latency_s();
+  return cost.linear_collectives_time_s(tokens) - cost.linear_collectives_latency_s();
 }
 
 /// The most tokens validate() lets a plan pad a sequence by on this cluster: 2 x group
@@ -192,7 +194,7 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   const Seconds overhead_s =
       cost.micro_batch_overhead_s(Pass::forward) + cost.micro_batch_overhead_s(Pass::backward);
   // Paid like the overhead by every rank-micro-batch holding tokens.
-  const Seconds per_slot_s = overhead_s + cost.tensor_parallel_latency_s();
+  const Seconds per_slot_s = overhead_s + cost.linear_collectives_latency_s();
 
   LowerBound bound;
   // An empty batch needs no micro-batch (and pays no overhead).
@@ -218,7 +220,7 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
       cost.model().forward_passes() * cost.linear_time_s(fullest_tokens, Pass::forward) +
       cost.linear_time_s(fullest_tokens, Pass::backward) +
       tensor_parallel_bandwidth_s(fullest_tokens, cost) +
-      static_cast<double>(bound.min_micro_batches) * cost.tensor_parallel_latency_s();
+      static_cast<double>(bound.min_micro_batches) * cost.linear_collectives_latency_s();
   Tokens longest = 0;
   for (Tokens length : lengths_tokens) longest = std::max(longest, length);
   // Monotone in the length, so the longest sequence's floor is the largest.

@@ -1,5 +1,5 @@
 // Each rank's program for one step as tasks: per micro-batch overhead, linear layers (with
-// their tensor-parallel collectives), remaps and attention groups in queue order, forward
+// their tensor-parallel collectives and an MoE model's expert all-to-alls), remaps and attention groups in queue order, forward
 // then backward; then gradient sync.
 #include "program.hpp"
 
@@ -182,6 +182,7 @@ class StepBuilder {
       add_tensor_parallel(m, layout, 1, 0, "tensor parallel all-gather fwd");
     } else {
       add_tensor_parallel(m, layout, 2, 1, "tensor parallel all-gather, reduce-scatter, all-gather bwd");
+      add_experts(m, layout, pass);
     }
     add_linear(m, layout, pass, forward ? "linear qkv" : "linear out+mlp",
                forward ? qkv_fraction : 1 - qkv_fraction);
@@ -193,6 +194,7 @@ class StepBuilder {
     add_remap(m, layout, pass, /*to_attention=*/false);
     add_linear(m, layout, pass, forward ? "linear out+mlp" : "linear qkv",
                forward ? 1 - qkv_fraction : qkv_fraction);
+    if (forward) add_experts(m, layout, pass);
     if (forward) {
       add_tensor_parallel(m, layout, 1, 2, "tensor parallel reduce-scatter, all-gather, reduce-scatter fwd");
     } else {
@@ -221,6 +223,43 @@ class StepBuilder {
       const int deps[] = {cursor_[rank]};
       cursor_[rank] = graph_.add_collective(member, m, duration_s, ports, deps,
                                             [&] { return std::string(what); });
+    }
+  }
+
+  /// An MoE model's routed experts beyond balanced routing on each rank with linear
+  /// tokens: the expert-parallel all-to-alls (dispatch and combine per layer, charged for
+  /// all layers) as one collective on the rank's NVLink ports (and its NIC's when the
+  /// expert-parallel group spans nodes), then the load imbalance of micro-batch m
+  /// (expert_imbalance_time_s) as compute. After the MLP forward, before it backward.
+  /// Nothing for a dense model.
+  void add_experts(int m, const MicroBatchLayout& layout, Pass pass) {
+    const Model& model = cost_.model();
+    if (!model.is_moe()) return;
+    const Cluster& cluster = plan_.cluster;
+    const bool spans_nodes = model.expert_parallel > cluster.gpus_per_node;
+    for (int rank = 0; rank < ranks(); ++rank) {
+      const Tokens tokens = layout.linear_tokens[rank];
+      const Seconds all_to_all_s = 2 * cost_.expert_parallel_all_to_all_time_s(tokens);
+      if (all_to_all_s > 0) {
+        graph_.set_category(trace_category::kExpertParallel);
+        std::vector<int> ports = {ports_.nvlink_tx(rank), ports_.nvlink_rx(rank)};
+        if (spans_nodes) {
+          ports.push_back(ports_.nic_tx(cluster.nic_of(rank)));
+          ports.push_back(ports_.nic_rx(cluster.nic_of(rank)));
+        }
+        const int member[] = {rank};
+        const int deps[] = {cursor_[rank]};
+        cursor_[rank] = graph_.add_collective(member, m, all_to_all_s, ports, deps, [&] {
+          return fmt::format("expert all-to-all dispatch+combine {}", pass_name(pass));
+        });
+      }
+      const Seconds imbalance_s = cost_.expert_imbalance_time_s(tokens, pass, m);
+      if (imbalance_s > 0) {
+        graph_.set_category(trace_category::kLinear);
+        cursor_[rank] = graph_.add_compute(rank, m, imbalance_s, {cursor_[rank]}, [&] {
+          return fmt::format("expert load imbalance {}", pass_name(pass));
+        });
+      }
     }
   }
 

@@ -283,7 +283,7 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
     estimate.rank_time_s[r] += overhead_s +
                                forward_passes * cost.linear_time_s(linear_tokens[r], Pass::forward) +
                                cost.linear_time_s(linear_tokens[r], Pass::backward) +
-                               cost.tensor_parallel_time_s(linear_tokens[r]);
+                               cost.linear_collectives_time_s(linear_tokens[r]);
     estimate.time_s = std::max(estimate.time_s, estimate.rank_time_s[r]);
   }
   return estimate;

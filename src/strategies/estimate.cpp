@@ -111,18 +111,20 @@ Seconds estimate_plan_time_s(const Plan& plan, const CostModel& cost) {
   for (const MicroBatch& micro_batch : plan.micro_batches) {
     std::map<int, Seconds> rank_time_s;  // ordered: deterministic
     std::map<int, Tokens> rank_tokens;
-    const bool tensor_parallel = cost.cluster().tensor_parallel.gpus > 1;
+    // The linear modules' collectives: TP's, an MoE model's expert-parallel all-to-alls.
+    const bool linear_collectives = cost.cluster().tensor_parallel.gpus > 1 ||
+                                    (cost.model().is_moe() && cost.model().expert_parallel > 1);
     for (const AttentionGroup& group : micro_batch.groups) {
       if (group.scheme == Scheme::ring) {
         add_ring_group(group, cost, rank_time_s);
       } else {
         add_collective_group(group, cost, rank_time_s);
       }
-      if (!tensor_parallel) continue;
+      if (!linear_collectives) continue;
       for (int rank : group.ranks) rank_tokens[rank] += member_tokens(group, rank);
     }
     for (const auto& [rank, tokens] : rank_tokens) {
-      rank_time_s[rank] += cost.tensor_parallel_time_s(tokens);
+      rank_time_s[rank] += cost.linear_collectives_time_s(tokens);
     }
     Seconds micro_batch_s = 0;
     for (const auto& [rank, time_s] : rank_time_s) {

@@ -45,10 +45,10 @@ GroupCosts::GroupCosts(const CostModel& cost) : cost_(&cost), ranks_(cost.cluste
     DegreeCost entry;
     entry.degree = degree;
     const Seconds latency_s = all_to_all_s(cost, degree, 0);
-    entry.fixed_s = overhead_s + latency_s + cost.tensor_parallel_latency_s();
+    entry.fixed_s = overhead_s + latency_s + cost.linear_collectives_latency_s();
     // Each member's TP collectives (0 without TP) run on its s / d tokens.
     const Seconds tensor_parallel_s =
-        cost.tensor_parallel_time_s(kProbeMemberTokens) - cost.tensor_parallel_latency_s();
+        cost.linear_collectives_time_s(kProbeMemberTokens) - cost.linear_collectives_latency_s();
     entry.comm_s_per_token =
         (all_to_all_s(cost, degree, kProbeMemberTokens) - latency_s + tensor_parallel_s) /
         static_cast<double>(kProbeMemberTokens * degree);

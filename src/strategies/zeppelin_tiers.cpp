@@ -63,7 +63,7 @@ Seconds linear_s(const CostModel& cost, Tokens tokens) {
   // With TP, the linear modules' collectives too (their latency is per micro-batch, not
   // per sequence: only the part that grows with the tokens).
   const Seconds tensor_parallel_s =
-      tokens > 0 ? cost.tensor_parallel_time_s(tokens) - cost.tensor_parallel_latency_s() : 0.0;
+      tokens > 0 ? cost.linear_collectives_time_s(tokens) - cost.linear_collectives_latency_s() : 0.0;
   return pass_count(cost.model(), Pass::forward) * cost.linear_time_s(tokens, Pass::forward) +
          cost.linear_time_s(tokens, Pass::backward) + tensor_parallel_s;
 }

@@ -218,7 +218,7 @@ TEST(LoadCluster, BundledExampleFileLoads) {
 TEST(ModelPresets, NamesInOrderAndAllValid) {
   const std::vector<std::string> expected = {
       "gpt-7b",   "gpt-13b",   "gpt-30b",   "llama-3b",  "openllama-3b",
-      "llama-7b", "llama3-8b", "llama-13b", "llama-30b"};
+      "llama-7b", "llama3-8b", "llama-13b", "llama-30b", "moe-8x550m", "mixtral-8x7b"};
   EXPECT_EQ(model_preset_names(), expected);
   for (const std::string& name : model_preset_names()) {
     const Model model = model_preset(name);

@@ -8,6 +8,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/simulator.hpp"
+#include "ballast/trace.hpp"
 #include "ballast/workload.hpp"
 #include "sim/sim_fixtures.hpp"
 
@@ -130,6 +131,57 @@ TEST(Simulator, FullRecomputationRerunsTheForwardWithItsCommunication) {
   }
   EXPECT_GT(after.step_time_s, before.step_time_s);
   EXPECT_LE(after.lower_bound.time_s, after.step_time_s);
+}
+
+// An MoE model on one h800 node, expert parallelism 8: the expert all-to-alls and the
+// seeded expert imbalance lengthen the step, which stays above the bound (which prices
+// balanced routing), and reruns are identical.
+TEST(LowerBound, HoldsOnMoeBatchesWithExpertAllToAllsAndImbalance) {
+  const std::vector<Tokens> lengths = {16384, 12000, 9000, 8192, 4096, 3000, 2048, 1024,
+                                       1024,  2048,  3000, 4096, 8192, 9000, 12000, 16384};
+  const auto step_s = [&](const Model& model) {
+    const auto cost = make_cost_model(load_cost_model_spec("analytical"), load_cluster("h800", 1), model);
+    Plan plan = testing::empty_plan(*cost, lengths);
+    for (int m = 0; m < 2; ++m) {  // two micro-batches: each draws its own expert loads
+      MicroBatch micro_batch;
+      for (int rank = 0; rank < 8; ++rank) {
+        const int id = 8 * m + rank;
+        micro_batch.groups.push_back(testing::local_group(rank, id, lengths[id]));
+      }
+      plan.micro_batches.push_back(micro_batch);
+    }
+    const SimulationReport report = simulate(plan, *cost);
+    EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+    EXPECT_EQ(report.step_time_s, simulate(plan, *cost).step_time_s);
+    return report.step_time_s;
+  };
+  const Model skewed = load_model("moe-8x550m");
+  Model balanced = skewed;
+  balanced.routing_skew_cv = 0;
+  const Seconds skewed_s = step_s(skewed);
+  const Seconds balanced_s = step_s(balanced);
+  EXPECT_GT(skewed_s, balanced_s);  // the most loaded expert sets each layer's time
+  // Dispatch and combine: one "expert parallel" collective per rank, micro-batch and pass,
+  // of exactly the cost model's time.
+  const auto cost = make_cost_model(load_cost_model_spec("analytical"), load_cluster("h800", 1), skewed);
+  Plan plan = testing::empty_plan(*cost, {lengths.begin(), lengths.begin() + 8});
+  MicroBatch micro_batch;
+  for (int rank = 0; rank < 8; ++rank) micro_batch.groups.push_back(testing::local_group(rank, rank, lengths[rank]));
+  plan.micro_batches.push_back(micro_batch);
+  SimulationOptions options;
+  options.record_trace = true;
+  const SimulationReport traced = simulate(plan, *cost, options);
+  int all_to_alls = 0;
+  for (const TraceEvent& event : traced.trace) {
+    if (event.category != trace_category::kExpertParallel) continue;
+    ++all_to_alls;
+    EXPECT_NEAR(event.duration_s,
+                2 * cost->expert_parallel_all_to_all_time_s(lengths[event.rank]), 1e-9);
+  }
+  EXPECT_EQ(all_to_alls, 16);
+  Model reseeded = skewed;
+  reseeded.routing_seed = 1;
+  EXPECT_NE(step_s(reseeded), skewed_s);
 }
 
 TEST(LowerBound, MemoryForcedMicroBatchesAndHoldsOnAPlanThatMeetsThem) {

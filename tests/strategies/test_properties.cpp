@@ -2,8 +2,9 @@
 // the bundled datasets, log-uniform random lengths and adversarial shapes (all-equal
 // lengths, lengths of 1, powers of two plus one, one sequence of exactly one GPU's or the
 // whole cluster's capacity, a sequence at and one past the strategy's limit, mixtures) over
-// thirteen setups: cluster shapes, models (GQA and MHA), both cost models, full
-// recomputation and tensor parallelism (two setups of TP groups, at a fifth of the batches). Each batch either
+// fifteen setups: cluster shapes, models (GQA and MHA), both cost models, full
+// recomputation, tensor parallelism (two setups of TP groups, at a fifth of the batches) and
+// mixture of experts (two setups, at a fifth of the batches). Each batch either
 // raises a PlanningError naming a sequence the strategy cannot hold (exactly when its
 // longest sequence exceeds Planner::longest_sequence_tokens), or gives a plan that
 // validates, simulates to at least the lower bound, and is byte-identical (same simulated
@@ -96,6 +97,19 @@ const std::vector<PropertySetup>& setups() {
                                       tensor_parallel_units(gpus, shape, tp), shape),
                       0.2});
     };
+    // Mixture of experts (expert parallelism 8, seeded routing skew): inside one node of
+    // h800 (Zeppelin's cluster B), and across two nodes of 4 GPUs with a larger skew.
+    const auto add_moe = [&](std::string label, const Cluster& cluster, double cv) {
+      Model moe = load_model("moe-8x550m");
+      moe.routing_skew_cv = cv;
+      made.push_back({std::move(label),
+                      make_cost_model(load_cost_model_spec("analytical"), cluster, moe), 0.2});
+    };
+    add_moe("h800 2x8 moe-8x550m, EP 8", load_cluster("h800", 2), 0.2);
+    Cluster narrow_h800 = load_cluster("h800", 2);
+    narrow_h800.gpus_per_node = 4;
+    narrow_h800.nics_per_node = 4;
+    add_moe("h800 2x4 moe-8x550m, EP 8 across nodes, cv 0.5", narrow_h800, 0.5);
     add_tp("h100 2x8 llama3-8b, TP 2", load_cluster("h100", 2), load_model("llama3-8b"), 2);
     Model recomputed_gqa = load_model("llama3-8b");
     recomputed_gqa.recompute = Recompute::full;
