@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "ballast.hpp"
 #include "ballast/error.hpp"
@@ -121,12 +122,42 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
   return std::move(*best);
 }
 
+/// The ranks' times summed (what a move frees where it leaves the slowest rank alone).
+Seconds rank_time_sum_s(const MicroBatchEstimate& estimate) {
+  Seconds sum_s = 0;
+  for (Seconds time_s : estimate.rank_time_s) sum_s += time_s;
+  return sum_s;
+}
+
+/// Sideways candidates a round simulates after kSimulationsPerRound found nothing faster.
+constexpr long long kSidewaysPerRound = 4;
+/// Relative step difference the estimate cannot tell apart (its per-plan error is far
+/// larger: docs/strategies.md): candidates within it of the current step are sideways.
+constexpr double kEstimateResolution = 0.005;
+
+/// A candidate's share of the rank time it must save to be accepted at an equal step.
+constexpr double kSidewaysSavedShare = 1e-3;
+
+/// Whether `candidate` is accepted over `current`: a faster step, or the same step with
+/// its ranks' times summed lower by more than kSidewaysSavedShare (a sideways move: a
+/// ring made cheaper off the critical path frees its members for the next move). The
+/// order (step, then summed rank time) is strict, so the search cannot cycle.
+bool better(const PlanEvaluation& candidate, const PlanEvaluation& current) {
+  if (candidate.step_time_s != current.step_time_s) return candidate.step_time_s < current.step_time_s;
+  if (candidate.rank_time_s.empty() || current.rank_time_s.empty()) return false;
+  Seconds candidate_s = 0, current_s = 0;
+  for (Seconds time_s : candidate.rank_time_s) candidate_s += time_s;
+  for (Seconds time_s : current.rank_time_s) current_s += time_s;
+  return candidate_s < (1 - kSidewaysSavedShare) * current_s;
+}
+
 /// Local search from `plan`: each round screens the moves by the incremental estimate,
 /// anchored to the last simulation (rank_offsets(): what the estimate misses on a rank
 /// stays missed unless a move changes the rank's work), and simulates the
 /// kSimulationsPerRound the anchored estimate finds fastest (ties: generation order) until
-/// one simulates faster than the current plan (accepted: the next round starts from it);
-/// a round that finds none ends the search (the same plan would give the same moves). The
+/// one simulates faster than the current plan, then, if none did, up to kSidewaysPerRound
+/// sideways ones until one is better() (accepted: the next round starts from it); a round
+/// that accepts none ends the search (the same plan would give the same moves). The
 /// estimate only orders the candidates: it is too coarse (docs/strategies.md) to rule out
 /// a move the simulator would accept. At most `budget` simulations and
 /// kScreenedMovesPerSimulation x budget screened moves.
@@ -144,44 +175,68 @@ Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const 
   while (simulations_left > 0 && screens_left > 0) {
     std::vector<Move> moves = generate_moves(
         plan, estimate, cost, static_cast<std::size_t>(std::min<long long>(screens_left, kMovesPerRound)));
-    screens_left -= static_cast<long long>(moves.size());
     const Seconds current_s = estimate.step_time_s();
-    std::vector<std::pair<Seconds, std::size_t>> screened;  // (estimated step, move)
+    // Per move: its anchored estimate of the step and of the summed rank time it frees.
+    std::vector<Seconds> step_s(moves.size(), current_s);
+    std::vector<Seconds> freed_s(moves.size(), 0);
     std::vector<std::vector<MicroBatchEstimate>> priced(moves.size());  // raw, per edit
+    std::vector<std::size_t> by_step;  // the critical-path moves, by estimated step
     for (std::size_t i = 0; i < moves.size(); ++i) {
-      Seconds step_s = current_s;
       for (const MicroBatchEdit& edit : moves[i].edits) {
         const auto m = static_cast<std::size_t>(edit.index);
         priced[i].push_back(estimate_micro_batch(edit.micro_batch, cost, evaluator, &raw.micro_batches[m], edit.origin));
-        step_s += anchored(priced[i].back(), offsets_of(edit.index)).time_s - estimate.micro_batches[m].time_s;
+        const MicroBatchEstimate candidate = anchored(priced[i].back(), offsets_of(edit.index));
+        step_s[i] += candidate.time_s - estimate.micro_batches[m].time_s;
+        freed_s[i] += rank_time_sum_s(estimate.micro_batches[m]) - rank_time_sum_s(candidate);
       }
-      screened.emplace_back(step_s, i);
+      if (!moves[i].off_critical_path) by_step.push_back(i);
     }
-    std::stable_sort(screened.begin(), screened.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    bool accepted = false;
-    long long tries_left = kSimulationsPerRound;
-    for (const auto& [estimated_s, i] : screened) {
-      if (simulations_left == 0 || tries_left == 0) break;
-      Plan candidate = apply_move(plan, moves[i]);
-      if (!validate(candidate, cost).ok) continue;  // e.g. a rank out of memory
-      --simulations_left;
-      --tries_left;
-      PlanEvaluation candidate_evaluation = evaluator.evaluate(candidate);
-      if (candidate_evaluation.step_time_s >= evaluation.step_time_s) continue;
-      for (std::size_t e = 0; e < moves[i].edits.size(); ++e) {
-        raw.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
-      }
-      if (candidate.micro_batches.size() != plan.micro_batches.size()) {
-        raw = estimate_plan(candidate, cost, evaluator);  // a micro-batch was emptied
-      }
-      plan = std::move(candidate);
-      evaluation = std::move(candidate_evaluation);
-      offsets = rank_offsets(raw, evaluation.rank_time_s);
-      estimate = anchored(raw, offsets);
-      accepted = true;
-      break;
+    screens_left -= static_cast<long long>(by_step.size());
+    std::stable_sort(by_step.begin(), by_step.end(),
+                     [&](std::size_t a, std::size_t b) { return step_s[a] < step_s[b]; });
+    // Sideways candidates: an estimated step within kEstimateResolution of the current one,
+    // freeing rank time; the most freed first.
+    std::vector<std::size_t> sideways;
+    for (std::size_t i = 0; i < moves.size(); ++i) {
+      if (freed_s[i] > 0 && step_s[i] <= (1 + kEstimateResolution) * current_s) sideways.push_back(i);
     }
+    std::stable_sort(sideways.begin(), sideways.end(),
+                     [&](std::size_t a, std::size_t b) { return freed_s[a] > freed_s[b]; });
+    std::vector<bool> tried(moves.size(), false);
+    // Simulates up to `tries` of `order` not tried yet; accepts the first that `accept`s.
+    const auto try_moves = [&](const std::vector<std::size_t>& order, long long tries,
+                               const auto& accept) {
+      for (const std::size_t i : order) {
+        if (simulations_left == 0 || tries == 0) return false;
+        if (tried[i]) continue;
+        tried[i] = true;
+        Plan candidate = apply_move(plan, moves[i]);
+        if (!validate(candidate, cost).ok) continue;  // e.g. a rank out of memory
+        --simulations_left;
+        --tries;
+        PlanEvaluation candidate_evaluation = evaluator.evaluate(candidate);
+        if (!accept(candidate_evaluation)) continue;
+        for (std::size_t e = 0; e < moves[i].edits.size(); ++e) {
+          raw.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
+        }
+        if (candidate.micro_batches.size() != plan.micro_batches.size()) {
+          raw = estimate_plan(candidate, cost, evaluator);  // a micro-batch was emptied
+        }
+        plan = std::move(candidate);
+        evaluation = std::move(candidate_evaluation);
+        offsets = rank_offsets(raw, evaluation.rank_time_s);
+        estimate = anchored(raw, offsets);
+        return true;
+      }
+      return false;
+    };
+    // First the fastest by the estimate, accepted only when faster; only when none is, a
+    // few sideways ones (so the search goes exactly as far as without them first).
+    const bool accepted =
+        try_moves(by_step, kSimulationsPerRound,
+                  [&](const PlanEvaluation& candidate) { return candidate.step_time_s < evaluation.step_time_s; }) ||
+        try_moves(sideways, kSidewaysPerRound,
+                  [&](const PlanEvaluation& candidate) { return better(candidate, evaluation); });
     if (!accepted) break;
   }
   return plan;

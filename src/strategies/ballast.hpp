@@ -6,7 +6,7 @@
 // linear layers on the rank's linear tokens, tensor-parallel collectives, the remap's
 // transfers, and each attention group's compute plus the communication it cannot hide
 // (ring: max(attention, KV hops) per pass; all-gather and Ulysses: their collectives in
-// series with the compute). A micro-batch takes its slowest rank; ranks do not wait for
+// series with the compute; USP: the stage's all-to-alls, then a ring over the stages). A micro-batch takes its slowest rank; ranks do not wait for
 // each other (queue order is ignored). Each group's per-member time is cached, so a move
 // that rewrites a few groups of a micro-batch prices only those.
 #pragma once
@@ -100,11 +100,16 @@ const char* move_name(MoveKind kind);
 struct Move {
   MoveKind kind = MoveKind::move_local;
   std::vector<MicroBatchEdit> edits;  ///< one or two micro-batches, ascending index
+  /// A change of scheme of a group without the micro-batch's slowest rank: it cannot
+  /// speed the step, only free ranks (tried as a sideways move, ballast.cpp's improve()).
+  bool off_critical_path = false;
 };
 
 /// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
 /// micro-batch (slowest first) around its slowest rank, then (e) between the slowest and
-/// the fastest micro-batch. At most `max_moves`. Deterministic.
+/// the fastest micro-batch, at most `max_moves` of them; then, marked off_critical_path,
+/// (c) for every other multi-rank group of each micro-batch, at most `max_moves` more.
+/// Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves);
 

@@ -137,6 +137,58 @@ void estimate_collective(const AttentionGroup& group, const CostModel& cost,
   }
 }
 
+/// USP (a ring over r stages of u members, Ulysses inside each stage): per pass, the
+/// stage's two all-to-alls (QKV or dO in, output or dQKV out) in series with, on the member's
+/// ring over the stages, the larger of its compute (the stage's queries against every
+/// earlier key, heads split u ways) and the r - 1 hops of a stage's KV for its heads (twice
+/// the hops backward, as estimate_ring). Packed-tiles clusters get the same estimate.
+void estimate_usp(const AttentionGroup& group, const CostModel& cost, GroupEstimate& estimate) {
+  const Model& model = cost.model();
+  const int tensor_parallel = cost.cluster().tensor_parallel.gpus;
+  const auto position = positions_of(group);
+  const std::vector<Tokens> tokens = member_tokens(group, position);
+  const auto size = static_cast<int>(group.ranks.size());
+  const int u = std::max(1, group.ulysses_degree);
+  const int r = size / u;
+  std::vector<Tokens> stage_tokens(static_cast<std::size_t>(r), 0);
+  std::vector<std::vector<AttentionBlock>> stage_blocks(static_cast<std::size_t>(r));
+  for (const SequenceChunks& sequence : group.sequences) {
+    for (const Chunk& chunk : sequence.chunks) {
+      const auto stage = position.at(chunk.rank) / static_cast<std::size_t>(u);
+      stage_tokens[stage] += chunk.size();
+      stage_blocks[stage].push_back({chunk.begin_tokens, chunk.end_tokens, 0, chunk.end_tokens});
+    }
+  }
+  const Bytes kv_per_token = usp_kv_bytes_per_token(model, tensor_parallel, u);
+  Seconds slowest_hop_s = 0;
+  for (int stage = 0; stage < r; ++stage) {
+    const int src = group.ranks[static_cast<std::size_t>(stage * u)];
+    const int dst = group.ranks[static_cast<std::size_t>(((stage + 1) % r) * u)];
+    slowest_hop_s = std::max(slowest_hop_s,
+                             cost.p2p_time_s(kv_per_token * stage_tokens[static_cast<std::size_t>(stage)], src, dst));
+  }
+  const Seconds hops_s = static_cast<double>(r - 1) * slowest_hop_s;
+  const Bytes qkv_per_token = ulysses_qkv_bytes_per_token(model, tensor_parallel, u);
+  for (int i = 0; i < size; ++i) {
+    const int stage = i / u;
+    const std::vector<int> members(group.ranks.begin() + stage * u, group.ranks.begin() + (stage + 1) * u);
+    const auto bytes_of = [&](Bytes per_token) {
+      std::vector<Bytes> bytes;
+      for (int k = stage * u; k < (stage + 1) * u; ++k) bytes.push_back(tokens[static_cast<std::size_t>(k)] * per_token);
+      return bytes;
+    };
+    const Seconds all_to_all_s = cost.all_to_all_time_s(members, bytes_of(qkv_per_token)) +
+                                 cost.all_to_all_time_s(members, bytes_of(model.hidden_bytes_per_token()));
+    Seconds time_s = 0;
+    for (Pass pass : kPasses) {
+      const Seconds compute_s = blocks_time_s(cost, stage_blocks[static_cast<std::size_t>(stage)], u, pass);
+      time_s += pass_count(model, pass) *
+                (all_to_all_s + std::max(compute_s, pass == Pass::forward ? hops_s : 2 * hops_s));
+    }
+    estimate.member_time_s[static_cast<std::size_t>(i)] = time_s;
+  }
+}
+
 /// Attention-only estimate of a packed-tiles cluster (the simulator prices each call's
 /// packed spans): per member, one call per ring step / gathered holder, or the Ulysses
 /// call over all the group's tokens; the communication as estimate_ring / _collective.
@@ -216,7 +268,9 @@ bool ulysses_group_allowed(const CostModel& cost, int group_ranks) {
 GroupEstimate estimate_group(const AttentionGroup& group, const CostModel& cost,
                              const PlanEvaluator& evaluator) {
   GroupEstimate estimate{group.ranks, std::vector<Seconds>(group.ranks.size(), 0)};
-  if (cost.cluster().attention_tiles_packed) {
+  if (group.scheme == Scheme::usp && group.ranks.size() > 1) {
+    estimate_usp(group, cost, estimate);
+  } else if (cost.cluster().attention_tiles_packed) {
     estimate_packed(group, cost, evaluator, estimate);
   } else if (group.scheme == Scheme::ring && group.ranks.size() > 1) {
     estimate_ring(group, cost, evaluator, estimate);

@@ -25,11 +25,15 @@ Tokens length_of(const Plan& plan, std::int64_t id) {
 /// one rank; unpadded zigzag chunks for ring and all-gather; Ulysses' contiguous ranges of
 /// the concatenated sequences (ulysses_group, no padding).
 AttentionGroup build_group(Scheme scheme, const std::vector<int>& ranks,
-                           const std::vector<std::int64_t>& ids, const Plan& plan) {
+                           const std::vector<std::int64_t>& ids, const Plan& plan,
+                           int ulysses_degree = 1) {
   if (ranks.size() > 1 && scheme == Scheme::ulysses) return ulysses_group(ids, ranks, plan);
   AttentionGroup group;
   group.scheme = ranks.size() == 1 ? Scheme::local : scheme;
   group.ranks = ranks;
+  // USP: zigzag over all u x r members, so each stage of u consecutive members holds
+  // mirrored chunks and the stages' causal work is balanced, as a ring's members' is.
+  if (group.scheme == Scheme::usp) group.ulysses_degree = ulysses_degree;
   for (std::int64_t id : ids) {
     const Tokens length = length_of(plan, id);
     if (ranks.size() == 1) {
@@ -231,7 +235,12 @@ class MoveGenerator {
     }
     if (order.size() >= 2) between_micro_batches(order.front(), order.back());
     if (moves_.size() > max_moves_) moves_.resize(max_moves_);
-    return std::move(moves_);
+    std::vector<Move> critical = std::move(moves_);
+    moves_.clear();
+    for (int m : order) off_critical_path(m);
+    if (moves_.size() > max_moves_) moves_.resize(max_moves_);
+    critical.insert(critical.end(), std::make_move_iterator(moves_.begin()), std::make_move_iterator(moves_.end()));
+    return critical;
   }
 
  private:
@@ -269,6 +278,21 @@ class MoveGenerator {
       if (!local) change_scheme(m, static_cast<int>(g));
       if (!local && group.sequences.size() >= 2) split(m, static_cast<int>(g));
       if (!local) merge(m, static_cast<int>(g));
+    }
+  }
+
+  /// Every multi-rank group of micro-batch m without its slowest rank under another scheme
+  /// (off the critical path a cheaper scheme leaves the step but frees its members, which
+  /// the next round's moves can fill), marked off_critical_path.
+  void off_critical_path(int m) {
+    const std::vector<int> by_load = ranks_by_load(loads(m));
+    const int slowest = by_load.back();
+    const auto& groups = micro_batch(m).groups;
+    for (std::size_t g = 0; g < groups.size() && !full(); ++g) {
+      if (groups[g].ranks.size() < 2 || holds_rank(groups[g], slowest)) continue;
+      const std::size_t first = moves_.size();
+      change_scheme(m, static_cast<int>(g));
+      for (std::size_t i = first; i < moves_.size(); ++i) moves_[i].off_critical_path = true;
     }
   }
 
@@ -312,7 +336,8 @@ class MoveGenerator {
     }
   }
 
-  /// (c) The group's sequences under another scheme on the same ranks.
+  /// (c) The group's sequences under another scheme on the same ranks: ring, Ulysses,
+  /// all-gather, and USP with each Ulysses degree usp_degrees() offers.
   void change_scheme(int m, int g) {
     const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
     for (Scheme scheme : {Scheme::ring, Scheme::ulysses, Scheme::all_gather}) {
@@ -322,11 +347,38 @@ class MoveGenerator {
       edit.replace_group(g, build_group(scheme, group.ranks, ids_of(group), plan_));
       add(MoveKind::change_scheme, std::move(edit));
     }
+    for (int degree : usp_degrees(group.ranks)) {
+      if (group.scheme == Scheme::usp && degree == group.ulysses_degree) continue;
+      EditBuilder edit(plan_, m);
+      edit.replace_group(g, build_group(Scheme::usp, group.ranks, ids_of(group), plan_, degree));
+      add(MoveKind::change_scheme, std::move(edit));
+    }
   }
 
-  /// The scheme a group of `ranks` may keep: Ulysses where allowed, else ring.
+  /// Ulysses degrees u of a USP group over `ranks` (in their order) the search tries: the
+  /// largest and the second largest u >= 2 with at least two stages, every stage of u
+  /// consecutive members on one node (the all-to-all on NVLink, the ring across nodes, as
+  /// USP places them) and u allowed by the heads (ulysses_group_allowed).
+  std::vector<int> usp_degrees(const std::vector<int>& ranks) const {
+    const auto size = static_cast<int>(ranks.size());
+    std::vector<int> degrees;
+    for (int u = size / 2; u >= 2 && degrees.size() < 2; --u) {
+      if (size % u != 0 || !ulysses_group_allowed(cost_, u)) continue;
+      bool on_one_node = true;
+      for (int i = 0; i < size && on_one_node; ++i) {
+        on_one_node = cost_.cluster().same_node(ranks[static_cast<std::size_t>(i)],
+                                                ranks[static_cast<std::size_t>(i - i % u)]);
+      }
+      if (on_one_node) degrees.push_back(u);
+    }
+    return degrees;
+  }
+
+  /// The scheme a group of `ranks` may keep when split or merged: Ulysses where allowed,
+  /// else ring (a USP group becomes a ring: its stages change with its size).
   Scheme scheme_for(Scheme wanted, std::size_t ranks) const {
     if (wanted == Scheme::ulysses && !ulysses_group_allowed(cost_, static_cast<int>(ranks))) return Scheme::ring;
+    if (wanted == Scheme::usp) return Scheme::ring;
     return wanted;
   }
 
@@ -367,6 +419,7 @@ class MoveGenerator {
   void merge(int m, int g) {
     const auto& groups = micro_batch(m).groups;
     const AttentionGroup& group = groups[static_cast<std::size_t>(g)];
+    if (group.scheme == Scheme::usp) return;  // stages of two groups do not line up
     int partner = -1;
     Seconds partner_s = 0;
     for (std::size_t h = 0; h < groups.size(); ++h) {

@@ -238,6 +238,43 @@ TEST(BallastMoves, MostMovesGiveValidPlans) {
   EXPECT_GT(valid * 2, total);
 }
 
+// The USP moves: a ring over every rank of the setup (static-cp at the rank count) holding
+// one long document becomes USP groups whose stages each sit on one node; each validates,
+// and its estimate is within the bounds AgreesWithTheSimulator holds for the other schemes.
+TEST(BallastMoves, UspMovesValidateAndTheirEstimateAgreesWithTheSimulator) {
+  int checked = 0;
+  for (const CostSetup& setup : setups()) {
+    const CostModel& cost = *setup.cost;
+    const SimulatorEvaluator evaluator(cost);
+    const int ranks = cost.cluster().ranks();
+    Batch batch;
+    batch.lengths_tokens = {usable_tokens_per_rank(cost, Scheme::ring, ranks) * ranks / 2};
+    PlannerOptions options;
+    options.degree = ranks;
+    const Plan plan = find_planner("static-cp").plan(batch, cost, options, evaluator);
+    const PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
+    // The ring holds the slowest rank (every rank): (c) offers USP on it.
+    for (const Move& move : generate_moves(plan, estimate, cost, 64)) {
+      const Plan moved = apply_move(plan, move);
+      const AttentionGroup& group = moved.micro_batches.front().groups.front();
+      if (group.scheme != Scheme::usp) continue;
+      const ValidationResult valid = validate(moved, cost);
+      ASSERT_TRUE(valid.ok) << setup.label << ": " << valid.message;
+      for (std::size_t i = 0; i < group.ranks.size(); ++i) {
+        const auto stage_first = i - i % static_cast<std::size_t>(group.ulysses_degree);
+        EXPECT_TRUE(cost.cluster().same_node(group.ranks[i], group.ranks[stage_first])) << setup.label;
+      }
+      const double ratio = estimate_plan(moved, cost, evaluator).step_time_s() / simulate(moved, cost).step_time_s;
+      std::printf("%s: usp u=%d over %zu ranks, estimate / simulated %.3f\n", setup.label.c_str(),
+                  group.ulysses_degree, group.ranks.size(), ratio);
+      EXPECT_GE(ratio, kMinRatio) << setup.label;
+      EXPECT_LE(ratio, kMaxRatio) << setup.label;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 4);
+}
+
 // ballast's plan: valid, byte-identical when planned again, never slower than any member
 // of its portfolio (the simulator's step), and budget=0 is the portfolio's best.
 TEST(BallastPlanner, ValidDeterministicAndNoWorseThanItsPortfolio) {
