@@ -85,13 +85,7 @@ class Placer {
         if ((item.choice.tier == Tier::inter_node) != inter_pass) continue;
         item.first_rank = item.choice.degree == 1 ? least_loaded_with_room(item.length)
                                                   : least_loaded_block(item);
-        if (item.first_rank < 0) {
-          overflow.push_back(item.id);
-          continue;
-        }
-        item.share_s = item.weight_s / item.choice.degree;
-        charge(item, +1);
-        placed.push_back(item);
+        keep_or_overflow(item, placed, overflow);
       }
     }
     widen_into_idle(placed);
@@ -258,14 +252,8 @@ class Placer {
     for (std::size_t i = 0; i < items.size(); ++i) {
       Item item = items[i];
       if (item.choice.tier != Tier::inter_node) continue;
-      if (node_of_item[i] < 0) {
-        overflow.push_back(item.id);
-        continue;
-      }
-      item.first_rank = node_of_item[i] * gpus_;
-      item.share_s = item.weight_s / item.choice.degree;
-      charge(item, +1);
-      placed.push_back(item);
+      item.first_rank = node_of_item[i] < 0 ? -1 : node_of_item[i] * gpus_;
+      keep_or_overflow(item, placed, overflow);
     }
     for (std::size_t i = 0; i < items.size(); ++i) {
       Item item = items[i];
@@ -274,15 +262,21 @@ class Placer {
       for (int n = 0; item.first_rank < 0 && n < nodes_; ++n) {
         if (n != node_of_item[i]) item.first_rank = place_in_node(item, n);
       }
-      if (item.first_rank < 0) {
-        overflow.push_back(item.id);
-        continue;
-      }
-      item.share_s = item.weight_s / item.choice.degree;
-      charge(item, +1);
-      placed.push_back(item);
+      keep_or_overflow(item, placed, overflow);
     }
     return placed;
+  }
+
+  /// An item given its first rank: charged (an equal share of its weight on each member)
+  /// and placed; one that found no room (first rank -1) goes to the next micro-batch.
+  void keep_or_overflow(Item& item, std::vector<Item>& placed, std::vector<std::int64_t>& overflow) {
+    if (item.first_rank < 0) {
+      overflow.push_back(item.id);
+      return;
+    }
+    item.share_s = item.weight_s / item.choice.degree;
+    charge(item, +1);
+    placed.push_back(item);
   }
 
   /// First rank of the best block of item.choice.degree GPUs in `node`, -1 if none fits.
