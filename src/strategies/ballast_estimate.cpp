@@ -169,21 +169,26 @@ void estimate_usp(const AttentionGroup& group, const CostModel& cost, GroupEstim
   }
   const Seconds hops_s = static_cast<double>(r - 1) * slowest_hop_s;
   const Bytes qkv_per_token = ulysses_qkv_bytes_per_token(model, tensor_parallel, u);
-  for (int i = 0; i < size; ++i) {
-    const int stage = i / u;
+  std::vector<Seconds> all_to_all_s(static_cast<std::size_t>(r), 0);  // per stage, in + out
+  for (int stage = 0; stage < r; ++stage) {
     const std::vector<int> members(group.ranks.begin() + stage * u, group.ranks.begin() + (stage + 1) * u);
     const auto bytes_of = [&](Bytes per_token) {
       std::vector<Bytes> bytes;
       for (int k = stage * u; k < (stage + 1) * u; ++k) bytes.push_back(tokens[static_cast<std::size_t>(k)] * per_token);
       return bytes;
     };
-    const Seconds all_to_all_s = cost.all_to_all_time_s(members, bytes_of(qkv_per_token)) +
-                                 cost.all_to_all_time_s(members, bytes_of(model.hidden_bytes_per_token()));
+    all_to_all_s[static_cast<std::size_t>(stage)] =
+        cost.all_to_all_time_s(members, bytes_of(qkv_per_token)) +
+        cost.all_to_all_time_s(members, bytes_of(model.hidden_bytes_per_token()));
+  }
+  for (int i = 0; i < size; ++i) {
+    const int stage = i / u;
     Seconds time_s = 0;
     for (Pass pass : kPasses) {
       const Seconds compute_s = blocks_time_s(cost, stage_blocks[static_cast<std::size_t>(stage)], u, pass);
       time_s += pass_count(model, pass) *
-                (all_to_all_s + std::max(compute_s, pass == Pass::forward ? hops_s : 2 * hops_s));
+                (all_to_all_s[static_cast<std::size_t>(stage)] +
+                 std::max(compute_s, pass == Pass::forward ? hops_s : 2 * hops_s));
     }
     estimate.member_time_s[static_cast<std::size_t>(i)] = time_s;
   }
