@@ -114,6 +114,10 @@ struct Plan {
   std::int64_t step = 0;
   std::vector<Tokens> sequence_lengths_tokens;  ///< index = sequence id
   std::vector<MicroBatch> micro_batches;
+  /// For people reading the plan: why it looks as it does where that is not obvious (e.g.
+  /// GPUs without attention work in a micro-batch). Written only when not empty; ignored
+  /// by validate and the simulator.
+  std::vector<std::string> notes;
 };
 
 /// Stable, deterministic JSON (keys in a fixed order, no floats formatted by locale).

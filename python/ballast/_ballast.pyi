@@ -145,6 +145,7 @@ class Plan:
     cost_model: str
     lengths: npt.NDArray[np.int64]
     micro_batches: List[MicroBatch]
+    notes: List[str]
     num_micro_batches: int
     @staticmethod
     def from_json(text: str, source: str = "<string>") -> Plan: ...

@@ -476,6 +476,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def_property_readonly("cost_model", [](const PyPlan& p) { return dump(p.plan.cost_model); })
       .def_property_readonly("lengths", [](const PyPlan& p) { return to_array(p.plan.sequence_lengths_tokens); })
       .def_property_readonly("micro_batches", [](const PyPlan& p) { return p.plan.micro_batches; })
+      .def_property_readonly("notes", [](const PyPlan& p) { return p.plan.notes; })
       .def_property_readonly("num_micro_batches", [](const PyPlan& p) { return p.plan.micro_batches.size(); });
 
   m.def("make_plan", &make_plan, py::arg("lengths"), py::arg("cluster"), py::arg("model"),

@@ -22,9 +22,9 @@ using nlohmann::json;
 constexpr const char* kPlanFormatName = "ballast.plan";
 
 // The members of each object of a plan (docs/plan-format.md); any other is an error.
-constexpr std::array<std::string_view, 10> kPlanKeys = {
+constexpr std::array<std::string_view, 11> kPlanKeys = {
     "format", "version", "ballast_version", "strategy", "step", "cluster", "model",
-    "cost_model", "sequence_lengths_tokens", "micro_batches"};
+    "cost_model", "sequence_lengths_tokens", "micro_batches", "notes"};
 constexpr std::array<std::string_view, 3> kMicroBatchKeys = {"groups", "queues", "linear_layout"};
 constexpr std::array<std::string_view, 6> kGroupKeys = {
     "scheme", "ranks", "routing_proxies", "routing_chunks", "ulysses_degree", "sequences"};
@@ -393,6 +393,18 @@ Plan read_plan(const nlohmann::json& json, const std::string& source) {
     plan.micro_batches.push_back(
         micro_batch_from_json(reader, batches[i], batches_path.element(i)));
   }
+  if (const nlohmann::json* notes = reader.optional_member(json, "notes")) {
+    const JsonPath notes_path = root.member("notes");
+    const auto& items = reader.array(*notes, notes_path);
+    if (static_cast<std::int64_t>(items.size()) > kMaxMicroBatches) {
+      reader.fail(notes_path, fmt::format("{} notes, over ballast's limit of {} per plan; keep "
+                                          "one per micro-batch at most",
+                                          items.size(), kMaxMicroBatches));
+    }
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      plan.notes.push_back(reader.string(items[i], notes_path.element(i)));
+    }
+  }
   return plan;
 }
 
@@ -421,16 +433,18 @@ nlohmann::json to_json(const Plan& plan) {
   }
   // ballast_version records the writer, for the reader of the file; it is not part of
   // the Plan (a plan read and written again records the ballast that wrote it last).
-  return json{{"format", kPlanFormatName},
-              {"version", plan.version},
-              {"ballast_version", version()},
-              {"strategy", plan.strategy},
-              {"step", plan.step},
-              {"cluster", to_json(plan.cluster)},
-              {"model", to_json(plan.model)},
-              {"cost_model", plan.cost_model},
-              {"sequence_lengths_tokens", plan.sequence_lengths_tokens},
-              {"micro_batches", std::move(micro_batches)}};
+  json out{{"format", kPlanFormatName},
+           {"version", plan.version},
+           {"ballast_version", version()},
+           {"strategy", plan.strategy},
+           {"step", plan.step},
+           {"cluster", to_json(plan.cluster)},
+           {"model", to_json(plan.model)},
+           {"cost_model", plan.cost_model},
+           {"sequence_lengths_tokens", plan.sequence_lengths_tokens},
+           {"micro_batches", std::move(micro_batches)}};
+  if (!plan.notes.empty()) out["notes"] = plan.notes;  // plans without notes stay as before
+  return out;
 }
 
 Plan plan_from_json(const nlohmann::json& json, const std::string& source) {
@@ -452,10 +466,12 @@ bool is_scalar_or_flat_array(const nlohmann::json& value) {
 }
 
 /// Objects and arrays of objects one member per line (indent 1); arrays holding only
-/// numbers, or only arrays of numbers (chunks, lengths, queues), on one line.
+/// numbers, or only arrays of numbers (chunks, lengths, queues), on one line; strings
+/// (notes) one per line.
 void write_plan_json(const nlohmann::json& value, int depth, std::string& out) {
   const bool inline_array =
-      value.is_array() && std::all_of(value.begin(), value.end(), is_scalar_or_flat_array);
+      value.is_array() && std::all_of(value.begin(), value.end(), is_scalar_or_flat_array) &&
+      std::none_of(value.begin(), value.end(), [](const auto& item) { return item.is_string(); });
   if (!value.is_structured() || inline_array || value.empty()) {
     out += value.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
     return;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <string>
 
 #include "ballast/error.hpp"
 #include "builders.hpp"
@@ -120,6 +121,7 @@ class Fastest {
     return true;
   }
   const std::optional<Plan>& best() const { return best_; }
+  Seconds best_s() const { return best_s_; }
   const std::string& first_problem() const { return first_problem_; }
 
  private:
@@ -131,6 +133,46 @@ class Fastest {
   std::string first_problem_;
 };
 
+/// "3, 8-15, 20": ascending ranks with consecutive runs collapsed.
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    if (j > i) text += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+/// Issue 22: a GPU without attention work in a micro-batch is named in the plan's notes
+/// with the reason, which is one of the placement's rules (docs/zeppelin.md, "Per-GPU
+/// placement"): loads carry over between micro-batches, so the micro-batch's sequences went
+/// to the GPUs with the least work so far, and doubling a ring or local sequence onto the
+/// idle GPUs did not lower the larger load of the two blocks by the cost model; or the node-totals placement, which
+/// leaves such GPUs, simulated faster on this batch.
+void note_idle_gpus(Plan& plan, const std::string& reason) {
+  const int ranks = plan.cluster.ranks();
+  for (std::size_t m = 0; m < plan.micro_batches.size(); ++m) {
+    std::vector<bool> busy(static_cast<std::size_t>(ranks), false);
+    for (const AttentionGroup& group : plan.micro_batches[m].groups) {
+      for (const SequenceChunks& sequence : group.sequences) {
+        for (const Chunk& chunk : sequence.chunks) {
+          if (chunk.size() > 0) busy[static_cast<std::size_t>(chunk.rank)] = true;
+        }
+      }
+    }
+    std::vector<int> idle;
+    for (int r = 0; r < ranks; ++r) {
+      if (!busy[static_cast<std::size_t>(r)]) idle.push_back(r);
+    }
+    if (idle.empty()) continue;
+    plan.notes.push_back(fmt::format(
+        "micro-batch {}: GPUs {} hold no attention work: {}", m, rank_ranges(idle), reason));
+  }
+}
+
 }  // namespace
 
 Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluator& evaluator,
@@ -139,53 +181,82 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluato
   if (batch.lengths_tokens.empty()) return make_plan_skeleton(batch, cost, label);  // throws
   // Placements (docs/zeppelin.md, "Choosing among candidates"): what the placement balances
   // (attention + linear, or attention only for a remapped plan) and the straggler rule.
-  std::vector<Plan> placements;
+  // Each placement kind's candidates (the per-GPU default also runs the node-totals
+  // ones, so that it is never slower than the previous placement on any batch).
+  std::vector<std::vector<Plan>> placements;
   if (switches.hierarchical) {
     TierContext context = make_tier_context(cost, evaluator, switches);
-    const auto add = [&](Switches::Placement placement, bool spread, bool balance_linear) {
-      context.spread_stragglers = spread;
-      placements.push_back(hierarchical_plan(batch, cost, context, balance_linear, placement, label));
-    };
     const bool remap_allowed = switches.remap != Switches::Mode::off;
-    // The per-GPU placement also prices the previous one's placements (node totals), so it
-    // is never slower than them on a batch where node totals happen to pack better.
     std::vector<Switches::Placement> kinds = {switches.placement};
     if (switches.placement == Switches::Placement::per_gpu) {
       kinds.push_back(Switches::Placement::node_totals);
     }
     for (const Switches::Placement kind : kinds) {
-      add(kind, false, true);
-      add(kind, true, true);
-      if (remap_allowed) add(kind, true, false);
+      std::vector<Plan>& of_kind = placements.emplace_back();
+      const auto add = [&](bool spread, bool balance_linear) {
+        context.spread_stragglers = spread;
+        of_kind.push_back(hierarchical_plan(batch, cost, context, balance_linear, kind, label));
+      };
+      add(false, true);
+      add(true, true);
+      if (remap_allowed) add(true, false);
     }
   } else {
-    placements.push_back(even_plan(batch, cost, even_degree, label));
+    placements.emplace_back().push_back(even_plan(batch, cost, even_degree, label));
   }
-  // Stage 1: each placement with the routing chosen per ring (remapped first when the
-  // remap is forced on). Stage 2: the fastest one's unrouted twin (routing is priced per
-  // isolated transfer; in a busy ring the proxies' NVLink ports also carry their own ring
-  // hops), kept when not slower. Stage 3: the fastest with the remap, kept when faster.
+  // Per placement kind, stage 1: each placement with the routing chosen per ring (remapped
+  // first when the remap is forced on). Stage 2: the fastest one's unrouted twin (routing
+  // is priced per isolated transfer; in a busy ring the proxies' NVLink ports also carry
+  // their own ring hops), kept when not slower. Stage 3: the fastest with the remap, kept
+  // when faster. The fastest over the kinds wins (ties: the kind listed first).
   const bool remap_only = switches.remap == Switches::Mode::on;
-  Fastest fastest(cost, evaluator);
-  for (Plan& plan : placements) {
-    finish_micro_batches(plan, cost, evaluator, switches.routing);
-    fastest.offer(remap_only ? with_remap(std::move(plan), cost) : std::move(plan));
-  }
-  if (fastest.best() && switches.routing == Switches::Mode::auto_) {
-    if (std::optional<Plan> direct = unrouted_twin(*fastest.best())) {
-      Fastest twin_first(cost, evaluator);
-      twin_first.offer(std::move(*direct));
-      twin_first.offer(*fastest.best());
-      fastest = std::move(twin_first);
+  std::optional<Plan> best;
+  Seconds best_s = 0;
+  std::size_t best_kind = 0;
+  std::string first_problem;
+  for (std::size_t kind = 0; kind < placements.size(); ++kind) {
+    std::vector<Plan>& of_kind = placements[kind];
+    Fastest fastest(cost, evaluator);
+    for (Plan& plan : of_kind) {
+      finish_micro_batches(plan, cost, evaluator, switches.routing);
+      fastest.offer(remap_only ? with_remap(std::move(plan), cost) : std::move(plan));
+    }
+    if (fastest.best() && switches.routing == Switches::Mode::auto_) {
+      if (std::optional<Plan> direct = unrouted_twin(*fastest.best())) {
+        Fastest twin_first(cost, evaluator);
+        twin_first.offer(std::move(*direct));
+        twin_first.offer(*fastest.best());
+        fastest = std::move(twin_first);
+      }
+    }
+    if (fastest.best() && switches.remap == Switches::Mode::auto_) {
+      fastest.offer(with_remap(*fastest.best(), cost));
+    }
+    if (first_problem.empty()) first_problem = fastest.first_problem();
+    if (fastest.best() && (!best || fastest.best_s() < best_s)) {
+      best = fastest.best();
+      best_s = fastest.best_s();
+      best_kind = kind;
     }
   }
-  if (fastest.best() && switches.remap == Switches::Mode::auto_) {
-    fastest.offer(with_remap(*fastest.best(), cost));
+  if (!best) throw InternalError(fmt::format("{} made no valid plan: {}", label, first_problem));
+  if (switches.hierarchical) {
+    const char* node_totals =
+        "node totals are balanced first (a ring's work counted as its nodes'), then GPUs inside "
+        "a node";
+    note_idle_gpus(
+        *best,
+        switches.placement == Switches::Placement::node_totals
+            ? fmt::format("placement=node-totals: {}", node_totals)
+        : best_kind > 0
+            ? fmt::format("the node-totals placement ({}) simulated faster than the per-GPU one "
+                          "on this batch", node_totals)
+            : std::string("loads carry over between micro-batches, so this micro-batch's "
+                          "sequences went to the GPUs with the least work so far, and doubling "
+                          "a neighbouring ring or local sequence onto these did not lower the "
+                          "larger load of the two blocks by the cost model"));
   }
-  if (!fastest.best()) {
-    throw InternalError(fmt::format("{} made no valid plan: {}", label, fastest.first_problem()));
-  }
-  return *fastest.best();
+  return *std::move(best);
 }
 
 namespace {

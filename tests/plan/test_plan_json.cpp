@@ -232,6 +232,23 @@ TEST(PlanJson, UlyssesDegreeIsWrittenOnlyForUspGroups) {
       "string \"2\"");
 }
 
+TEST(PlanJson, NotesAreWrittenOnlyWhenPresentOnePerLine) {
+  const std::string plain = plan_to_string(base_plan());
+  EXPECT_EQ(plain.find("notes"), std::string::npos);
+  EXPECT_TRUE(plan_from_json(json::parse(plain), "plan.json").notes.empty());
+  Plan plan = full_plan();
+  plan.notes = {"micro-batch 1: GPUs 2-3 hold no attention work: why", "a second note"};
+  const std::string text = plan_to_string(plan);
+  EXPECT_NE(text.find("\"notes\": [\n  \"micro-batch 1: GPUs 2-3"), std::string::npos) << text;
+  const Plan back = plan_from_json(json::parse(text), "plan.json");
+  EXPECT_EQ(back.notes, plan.notes);
+  EXPECT_EQ(plan_to_string(back), text);
+  EXPECT_EQ(error_after([](json& d) { d["notes"] = "one"; }),
+            "plan.json: notes: expected an array, got string \"one\"");
+  EXPECT_EQ(error_after([](json& d) { d["notes"] = json::array({1}); }),
+            "plan.json: notes[0]: expected a string, got number 1");
+}
+
 TEST(PlanJson, BallastVersionIsWrittenAndOptionalOnReading) {
   // Every file records the writing ballast (alphabetical order: the first member).
   const std::string text = plan_to_string(base_plan());

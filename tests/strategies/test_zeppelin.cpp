@@ -309,13 +309,11 @@ TEST(ZeppelinPlans, ExtremeBatchesValidate) {
 
 TEST(ZeppelinPlacement, NoIdleGpuAndNeverSlowerThanNodeTotals) {
   // Issue 22: on random batches with more sequences than GPUs and more tokens than a few
-  // GPUs hold, the per-GPU placement leaves no GPU without attention work in every
-  // micro-batch (each GPU holds tokens in at least one; loads carry over between
-  // micro-batches, so a GPU loaded in the first may sit out a later one: counted, not
-  // asserted and printed), and its simulated step stays within 5% of the previous
-  // placement's (node totals, then GPUs; kept as placement=node-totals, which the default
-  // also prices) on the same batch. Measured: 33 of 36 batches within 1%, the worst 3.4%
-  // over (issue 22 asks 1%: open, docs/zeppelin.md).
+  // GPUs hold, zeppelin leaves no GPU without attention work in a micro-batch unless the
+  // plan's notes name that micro-batch and those GPUs with the reason, every GPU holds work
+  // in at least one micro-batch, and the simulated step never exceeds the previous
+  // placement's (node totals, then GPUs; kept as placement=node-totals, whose candidates the
+  // default also runs through every stage) by more than 1% on the same batch.
   struct Setup {
     std::string cluster;
     int nodes;
@@ -323,11 +321,23 @@ TEST(ZeppelinPlacement, NoIdleGpuAndNeverSlowerThanNodeTotals) {
   };
   const std::vector<Setup> setups = {{"h100", 4, "llama-7b"}, {"a800-roce", 2, "llama-13b"},
                                      {"h200", 2, "llama-3b"}};
+  // "3, 8-15": what the notes write for a set of ranks.
+  const auto ranges = [](const std::vector<int>& ranks) {
+    std::string text;
+    for (std::size_t i = 0; i < ranks.size();) {
+      std::size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      text += (text.empty() ? "" : ", ") + std::to_string(ranks[i]);
+      if (j > i) text += "-" + std::to_string(ranks[j]);
+      i = j + 1;
+    }
+    return text;
+  };
   std::uint64_t state = 22;
   int compared = 0;
   int idle_in_a_micro_batch = 0;  // (rank, micro-batch) pairs without attention work
-  double worst_ratio = 0;  // largest step / reference step
-  int over_one_percent = 0;
+  int noted = 0;                  // micro-batches with such ranks (each named by a note)
+  double worst_ratio = 0;         // largest step / reference step
   for (const Setup& setup : setups) {
     const auto cost = make_cost(setup.cluster, setup.nodes, setup.model);
     const int ranks = cost->cluster().ranks();
@@ -351,34 +361,48 @@ TEST(ZeppelinPlacement, NoIdleGpuAndNeverSlowerThanNodeTotals) {
       const Plan reference = plan_with(batch, *cost, "zeppelin:placement=node-totals");
       ASSERT_TRUE(validate(plan, *cost).ok) << validate(plan, *cost).message;
       std::vector<int> active_micro_batches(static_cast<std::size_t>(ranks), 0);
-      for (const MicroBatch& micro_batch : plan.micro_batches) {
+      std::size_t notes_expected = 0;
+      for (std::size_t m = 0; m < plan.micro_batches.size(); ++m) {
         std::vector<Tokens> tokens(static_cast<std::size_t>(ranks), 0);
-        for (const AttentionGroup& group : micro_batch.groups) {
+        for (const AttentionGroup& group : plan.micro_batches[m].groups) {
           for (const SequenceChunks& sequence : group.sequences) {
             for (const Chunk& chunk : sequence.chunks) tokens[static_cast<std::size_t>(chunk.rank)] += chunk.size();
           }
         }
+        std::vector<int> idle;
         for (int rank = 0; rank < ranks; ++rank) {
           const auto r = static_cast<std::size_t>(rank);
           if (tokens[r] > 0) ++active_micro_batches[r];
-          else ++idle_in_a_micro_batch;
+          else idle.push_back(rank);
         }
+        if (idle.empty()) continue;
+        idle_in_a_micro_batch += static_cast<int>(idle.size());
+        ++noted;
+        ++notes_expected;
+        const std::string prefix =
+            "micro-batch " + std::to_string(m) + ": GPUs " + ranges(idle) + " hold no attention work: ";
+        const bool named = std::any_of(plan.notes.begin(), plan.notes.end(), [&](const std::string& note) {
+          return note.starts_with(prefix) && note.size() > prefix.size();
+        });
+        EXPECT_TRUE(named) << "no note says why: " << prefix;
       }
+      EXPECT_EQ(plan.notes.size(), notes_expected) << "a note for a micro-batch without idle GPUs";
       for (int rank = 0; rank < ranks; ++rank) {
         EXPECT_GT(active_micro_batches[static_cast<std::size_t>(rank)], 0) << "rank " << rank;
       }
       const Seconds step_s = simulate(plan, *cost).step_time_s;
       const Seconds reference_s = simulate(reference, *cost).step_time_s;
       worst_ratio = std::max(worst_ratio, step_s / reference_s);
-      over_one_percent += step_s > 1.01 * reference_s;
-      EXPECT_LE(step_s, 1.05 * reference_s) << lengths.size() << " sequences, " << total << " tokens";
+      EXPECT_LE(step_s, 1.01 * reference_s) << lengths.size() << " sequences, " << total << " tokens";
+      // The plan file keeps the notes.
+      EXPECT_EQ(plan_from_json(to_json(plan), "test").notes, plan.notes);
       ++compared;
     }
   }
   EXPECT_EQ(compared, 36);
-  std::printf("(rank, micro-batch) pairs without attention work: %d; step / node-totals step: "
-              "worst %.4f, %d of %d batches over 1.01\n",
-              idle_in_a_micro_batch, worst_ratio, over_one_percent, compared);
+  std::printf("(rank, micro-batch) pairs without attention work: %d, in %d noted micro-batches; "
+              "step / node-totals step: worst %.4f\n",
+              idle_in_a_micro_batch, noted, worst_ratio);
 }
 
 }  // namespace
