@@ -1,6 +1,6 @@
 // The runtime's Llama-style model (docs/runtime-model.md): parameter layout and
 // initialisation, document packing, the local attention engine, the forward pass with its
-// hand-written backward over a TokenBatch, and AdamW.
+// hand-written backward over a TokenBatch (the MoE FFN in moe.cpp), and AdamW.
 #include "ballast/runtime/model.hpp"
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 
 #include "ballast/error.hpp"
 #include "ballast/workload.hpp"
+#include "moe_internal.hpp"
 
 namespace ballast::runtime {
 
@@ -44,9 +45,10 @@ struct TensorView {
     Float* wv;
     Float* wo;
     Float* mlp_norm;
-    Float* w_gate;
+    Float* w_gate;  ///< dense FFN (null in an MoE model)
     Float* w_up;
     Float* w_down;
+    moe::Weights<Float> moe;  ///< router and experts (null in a dense model)
   };
   Float* embedding = nullptr;
   std::vector<Layer> layers;
@@ -75,6 +77,17 @@ std::vector<TensorInfo> parameter_layout(const ModelConfig& config) {
     add(prefix + "wv", {hidden, kv_width});
     add(prefix + "wo", {q_width, hidden});
     add(prefix + "mlp_norm", {hidden});
+    if (config.moe()) {
+      // The experts one after the other, each w_gate, w_up, w_down (moe::Weights).
+      add(prefix + "router", {hidden, config.experts});
+      for (int expert = 0; expert < config.experts; ++expert) {
+        const std::string name = prefix + "expert" + std::to_string(expert) + ".";
+        add(name + "w_gate", {hidden, config.expert_ffn_hidden});
+        add(name + "w_up", {hidden, config.expert_ffn_hidden});
+        add(name + "w_down", {config.expert_ffn_hidden, hidden});
+      }
+      continue;
+    }
     add(prefix + "w_gate", {hidden, config.ffn_hidden});
     add(prefix + "w_up", {hidden, config.ffn_hidden});
     add(prefix + "w_down", {config.ffn_hidden, hidden});
@@ -99,9 +112,15 @@ TensorView<Float> view_of(const ModelConfig& config, const std::vector<TensorInf
     l.wv = next();
     l.wo = next();
     l.mlp_norm = next();
-    l.w_gate = next();
-    l.w_up = next();
-    l.w_down = next();
+    if (config.moe()) {
+      l.moe.router = next();
+      l.moe.experts = next();
+      index += 3 * static_cast<std::size_t>(config.experts) - 1;  // past the other experts' tensors
+    } else {
+      l.w_gate = next();
+      l.w_up = next();
+      l.w_down = next();
+    }
     view.layers.push_back(l);
   }
   view.final_norm = next();
@@ -223,6 +242,7 @@ struct LayerActivations {
   std::vector<float> mlp_in;  // [n, hidden] RMSNorm(middle), all-gathered
   std::vector<float> gate, up;  // [n, ffn] mlp_in * w_gate, mlp_in * w_up
   std::vector<float> activated;  // [n, ffn] silu(gate) * up
+  moe::Activations moe;  // an MoE model's FFN instead of gate, up, activated
 };
 
 void check_batch(const ModelConfig& config, const Parameters& parameters,
@@ -273,6 +293,19 @@ void ModelConfig::check() const {
                  "must be positive and finite (10000 is usual)");
   require_config(norm_eps > 0 && std::isfinite(norm_eps), "norm_eps",
                  "must be positive and finite (1e-5 is usual)");
+  require_config(experts >= 0, "experts", "must be 0 (a dense model) or positive");
+  if (experts == 0) {
+    require_config(experts_per_token == 0 && expert_ffn_hidden == 0,
+                   experts_per_token != 0 ? "experts_per_token" : "expert_ffn_hidden",
+                   "is set but experts = 0 (a dense model); set experts > 0 for an MoE model, "
+                   "or leave it 0");
+    return;
+  }
+  require_config(experts_per_token >= 1 && experts_per_token <= experts, "experts_per_token",
+                 "= " + std::to_string(experts_per_token) + " is outside [1, experts = " +
+                     std::to_string(experts) + "]; choose the top-k in that range (2 in Mixtral)");
+  require_config(expert_ffn_hidden > 0, "expert_ffn_hidden",
+                 "must be positive in an MoE model (each expert's SwiGLU width)");
 }
 
 const TensorInfo& Parameters::info(const std::string& name) const {
@@ -377,6 +410,11 @@ ShardRows tensor_parallel_shard(int tokens, int members, int member) {
 
 void check_tensor_parallel(const ModelConfig& config, int members) {
   require_config(members >= 1, "tensor parallelism", "must be at least 1");
+  require_config(!config.moe() || members == 1, "experts",
+                 "= " + std::to_string(config.experts) + " (an MoE model) with tensor parallelism " +
+                     std::to_string(members) + ": the runtime's MoE layer does not split experts " +
+                     "over a TP group; run it with tensor parallelism 1 (expert parallelism "
+                     "spreads the experts instead)");
   const auto divides = [&](int value, const char* field) {
     require_config(value % members == 0, field,
                    "= " + std::to_string(value) + " is not divisible by the tensor-parallel size " +
@@ -386,6 +424,18 @@ void check_tensor_parallel(const ModelConfig& config, int members) {
   divides(config.heads, "heads");
   divides(config.kv_heads, "kv_heads");
   divides(config.ffn_hidden, "ffn_hidden");
+}
+
+void check_expert_parallel(const ModelConfig& config, int members) {
+  require_config(members >= 1, "expert parallelism", "must be at least 1");
+  if (members == 1) return;
+  require_config(config.moe(), "expert parallelism",
+                 "= " + std::to_string(members) + " needs an MoE model; set experts > 0 or "
+                     "expert parallelism 1");
+  require_config(config.experts % members == 0, "experts",
+                 "= " + std::to_string(config.experts) + " is not divisible by the expert-parallel size " +
+                     std::to_string(members) + "; choose an EP size that divides experts (every "
+                     "member owns experts / EP of them)");
 }
 
 namespace {
@@ -435,7 +485,8 @@ struct SequenceParallel {
 
 StepOutput forward_backward(const ModelConfig& config, const Parameters& parameters,
                             const TokenBatch& batch, AttentionEngine& attention,
-                            TensorParallelGroup* tensor_parallel) {
+                            TensorParallelGroup* tensor_parallel,
+                            ExpertParallelGroup* expert_parallel) {
   config.check();
   const std::vector<TensorInfo> layout = parameter_layout(config);
   check_batch(config, parameters, layout, batch);
@@ -449,6 +500,8 @@ StepOutput forward_backward(const ModelConfig& config, const Parameters& paramet
   const int members = sp.members();
   const int member = sp.group != nullptr ? sp.group->rank() : 0;
   check_tensor_parallel(config, members);
+  if (expert_parallel != nullptr && expert_parallel->size() == 1) expert_parallel = nullptr;
+  check_expert_parallel(config, expert_parallel != nullptr ? expert_parallel->size() : 1);
   const int n = batch.size();  // the group's tokens: attention and the linears' inputs
   for (int m = 0; m < members; ++m) sp.row_counts.push_back(tensor_parallel_shard(n, members, m).count);
   const ShardRows shard = tensor_parallel_shard(n, members, member);
@@ -507,6 +560,13 @@ StepOutput forward_backward(const ModelConfig& config, const Parameters& paramet
     rmsnorm_forward(x.data(), w.mlp_norm, ns, hidden, config.norm_eps, norm_shard.data(),
                     a.mlp_rms.data());
     sp.gather(norm_shard, hidden, a.mlp_in);
+    if (config.moe()) {  // no TP: the shard is every row
+      moe::forward(config, expert_parallel, a.mlp_in.data(), n, {w.moe.router, w.moe.experts},
+                   partial.data(), a.moe);
+      result.smallest_top_k_margin = std::min(result.smallest_top_k_margin, a.moe.smallest_margin);
+      sp.scatter_add(partial, hidden, scratch, x);
+      continue;
+    }
     a.gate.resize(rows * ffn);
     a.up.resize(rows * ffn);
     matmul_ld(false, false, n, ffn, hidden, a.mlp_in.data(), hidden, w.w_gate + f0, ffn_width,
@@ -555,25 +615,30 @@ StepOutput forward_backward(const ModelConfig& config, const Parameters& paramet
     const auto& w = weights.layers[layer];
     const auto& g = grads.layers[layer];
     const LayerActivations& a = saved[layer];
-    // MLP: x_out = middle + (silu(gate) * up) * w_down.
+    // MLP: x_out = middle + (silu(gate) * up) * w_down, or the MoE FFN of mlp_in.
     sp.gather(d_x, hidden, d_x_all);
-    float* g_down = g.w_down + static_cast<std::size_t>(f0) * hidden;
-    const float* w_down = w.w_down + static_cast<std::size_t>(f0) * hidden;
-    matmul(true, false, ffn, hidden, n, a.activated.data(), d_x_all.data(), 1.0f, g_down);
-    matmul(false, true, n, ffn, hidden, d_x_all.data(), w_down, 0.0f, d_activated.data());
-    for (std::size_t i = 0; i < d_activated.size(); ++i) {
-      const float s = sigmoid(a.gate[i]);
-      d_up[i] = d_activated[i] * a.gate[i] * s;
-      d_gate[i] = d_activated[i] * a.up[i] * s * (1.0f + a.gate[i] * (1.0f - s));
+    if (config.moe()) {
+      moe::backward(config, expert_parallel, a.mlp_in.data(), n, {w.moe.router, w.moe.experts},
+                    a.moe, d_x_all.data(), {g.moe.router, g.moe.experts}, d_norm.data());
+    } else {
+      float* g_down = g.w_down + static_cast<std::size_t>(f0) * hidden;
+      const float* w_down = w.w_down + static_cast<std::size_t>(f0) * hidden;
+      matmul(true, false, ffn, hidden, n, a.activated.data(), d_x_all.data(), 1.0f, g_down);
+      matmul(false, true, n, ffn, hidden, d_x_all.data(), w_down, 0.0f, d_activated.data());
+      for (std::size_t i = 0; i < d_activated.size(); ++i) {
+        const float s = sigmoid(a.gate[i]);
+        d_up[i] = d_activated[i] * a.gate[i] * s;
+        d_gate[i] = d_activated[i] * a.up[i] * s * (1.0f + a.gate[i] * (1.0f - s));
+      }
+      matmul_ld(true, false, hidden, ffn, n, a.mlp_in.data(), hidden, d_gate.data(), ffn, 1.0f,
+                g.w_gate + f0, ffn_width);
+      matmul_ld(true, false, hidden, ffn, n, a.mlp_in.data(), hidden, d_up.data(), ffn, 1.0f,
+                g.w_up + f0, ffn_width);
+      matmul_ld(false, true, n, hidden, ffn, d_gate.data(), ffn, w.w_gate + f0, ffn_width, 0.0f,
+                d_norm.data(), hidden);
+      matmul_ld(false, true, n, hidden, ffn, d_up.data(), ffn, w.w_up + f0, ffn_width, 1.0f,
+                d_norm.data(), hidden);
     }
-    matmul_ld(true, false, hidden, ffn, n, a.mlp_in.data(), hidden, d_gate.data(), ffn, 1.0f,
-              g.w_gate + f0, ffn_width);
-    matmul_ld(true, false, hidden, ffn, n, a.mlp_in.data(), hidden, d_up.data(), ffn, 1.0f,
-              g.w_up + f0, ffn_width);
-    matmul_ld(false, true, n, hidden, ffn, d_gate.data(), ffn, w.w_gate + f0, ffn_width, 0.0f,
-              d_norm.data(), hidden);
-    matmul_ld(false, true, n, hidden, ffn, d_up.data(), ffn, w.w_up + f0, ffn_width, 1.0f,
-              d_norm.data(), hidden);
     std::fill(d_norm_shard.begin(), d_norm_shard.end(), 0.0f);
     sp.scatter_add(d_norm, hidden, scratch, d_norm_shard);
     rmsnorm_backward(a.middle.data(), w.mlp_norm, a.mlp_rms.data(), d_norm_shard.data(), ns,
