@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ballast/error.hpp"
+#include "ballast/runtime/expert_parallel.hpp"
 #include "ballast/runtime/mpi.hpp"
 #include "ballast/runtime/plan_engine.hpp"
 #include "ballast/runtime/tensor_parallel.hpp"
@@ -21,7 +22,7 @@ namespace ballast::runtime {
 namespace {
 
 /// The linear modules' intervals of a micro-batch on this rank: [start, end) minus the
-/// engine's attention calls and the TP collectives (what forward_backward computes
+/// engine's attention calls and the TP and EP collectives (what forward_backward computes
 /// between them); `excluded` is sorted by start and its intervals do not overlap.
 void add_linear_events(int rank, int micro_batch, double start_s, double end_s,
                        const std::vector<WallInterval>& excluded,
@@ -59,6 +60,18 @@ StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters
   // Under N-way TP every member runs the plan's attention with its own heads over the
   // ranks of its member index, and the linears with its TP group (tensor_parallel.hpp).
   const TensorParallelComms comms(comm, plan.cluster.ranks(), plan.cluster.tensor_parallel.gpus);
+  // An MoE model's EP groups: consecutive plan ranks (expert_parallel.hpp).
+  if (options.expert_parallel > 1 && comms.tensor_parallel() > 1) {
+    throw InputError(fmt::format("expert parallelism {} with tensor parallelism {}: the runtime runs an MoE "
+                                 "model without TP; use tensor parallelism 1",
+                                 options.expert_parallel, comms.tensor_parallel()));
+  }
+  check_expert_parallel(model, options.expert_parallel);
+  const ExpertParallelComm expert_comm(comms.plan(), options.expert_parallel);
+  std::vector<bool> expert_same_node;
+  for (int m = 0; m < options.expert_parallel; ++m) {
+    expert_same_node.push_back(plan.cluster.same_node(comms.plan_rank(), expert_comm.first_rank() + m));
+  }
   const FaultInjection* fault = options.fault;
   if (fault != nullptr && fault->phase == FaultInjection::Phase::step_start) {
     trigger_fault(*fault, "at the start of the step");
@@ -81,14 +94,16 @@ StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters
     PlanAttentionEngine engine(plan, micro_batch, comms.plan());
     std::optional<MpiTensorParallelGroup> group;
     if (comms.group() != MPI_COMM_NULL) group.emplace(comms.group());
+    std::optional<MpiExpertParallelGroup> experts;
+    if (expert_comm.group() != MPI_COMM_NULL) experts.emplace(expert_comm.group(), expert_same_node);
     if (options.record_trace) engine.record_trace(wall_start);
     if (fault != nullptr && fault->phase == FaultInjection::Phase::attention && m == 0) {
       engine.set_fault_hook([fault](const char* where) { trigger_fault(*fault, where); });
     }
     const TokenBatch batch = engine.linear_batch(documents);
     const double start_s = MPI_Wtime();
-    const StepOutput out =
-        forward_backward(model, parameters, batch, engine, group ? &*group : nullptr);
+    const StepOutput out = forward_backward(model, parameters, batch, engine, group ? &*group : nullptr,
+                                            experts ? &*experts : nullptr);
     const double end_s = MPI_Wtime();
     for (std::size_t x = 0; x < result.gradients.size(); ++x) result.gradients[x] += out.gradients[x];
     result.loss_sum += out.loss_sum;
@@ -98,10 +113,12 @@ StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters
                                          rank % comms.tensor_parallel()).count;
     add_stats(engine.stats());
     if (group) add_stats(group->stats());
+    if (experts) add_stats(experts->stats());
     if (options.record_trace) {
       const std::vector<WallInterval> no_calls;
       add_linear_events(rank, micro_batch, start_s, end_s,
-                        merged(engine.attention_calls(), group ? group->calls() : no_calls),
+                        merged(merged(engine.attention_calls(), group ? group->calls() : no_calls),
+                               experts ? experts->calls() : no_calls),
                         wall_start, result.events);
       for (TraceEvent event : engine.events()) {
         event.rank = rank;  // the engine's rank is the plan rank
@@ -111,6 +128,11 @@ StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters
         result.events.push_back({rank, "collective", "wait tensor parallel", micro_batch,
                                  call.start_s - wall_start, call.duration_s,
                                  trace_category::kTensorParallel});
+      }
+      for (const WallInterval& call : experts ? experts->calls() : no_calls) {
+        result.events.push_back({rank, "collective", "wait expert parallel", micro_batch,
+                                 call.start_s - wall_start, call.duration_s,
+                                 trace_category::kExpertParallel});
       }
     }
   }

@@ -12,11 +12,18 @@
 // dK/dV summed back: a group of all 8 ranks over 4 KV heads, of 4 TP groups over 2 KV heads
 // per GPU, and groups of 2 and 3 over the one KV head of a multi-query model), rings,
 // all-gathers and Ulysses groups of 3, 5 and 6 ranks, and USP groups (stages of 2 and 4, one
-// KV head per TP GPU replicated on each stage's members).
+// KV head per TP GPU replicated on each stage's members). Built a third time with
+// BALLAST_EXACTNESS_MOE = 2 (mpi_exactness_moe): the model's FFN is a mixture of 4 experts
+// (top-2) and every plan runs with expert parallelism 2 (ranks 2i and 2i + 1 share the
+// experts, each owning two, the routed rows all-to-all'd to them and back); each line also
+// prints the reference's smallest gap between a token's 2nd and 3rd router logit, which
+// must stay above kSmallestMargin so that fp32 reordering cannot flip a selection.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
+
+#include <fmt/format.h>
 #include <memory>
 #include <set>
 #include <string>
@@ -73,18 +80,35 @@ std::vector<std::vector<std::int32_t>> documents_of(const std::vector<Tokens>& l
 
 /// Runs `plan` over MPI and against the single-process reference; prints one line on rank 0;
 /// returns 1 on a mismatch, else 0.
+#ifdef BALLAST_EXACTNESS_MOE
+constexpr int kExpertParallel = BALLAST_EXACTNESS_MOE;
+#else
+constexpr int kExpertParallel = 1;
+#endif
+/// The smallest gap between a token's k-th and (k+1)-th router logit the reference may
+/// show: the distributed run's logits differ from the reference's only by fp32 summation
+/// order (~1e-7 relative on logits of ~0.2, so ~1e-8 absolute), a hundredfold below it.
+constexpr double kSmallestMargin = 1e-6;
+
 int check_plan(const std::string& label, const Plan& plan, const ModelConfig& config,
                const Parameters& parameters, const std::vector<std::vector<std::int32_t>>& documents,
                int rank) {
   LocalAttentionEngine reference_engine;
   const StepOutput reference = forward_backward(config, parameters, pack_documents(documents), reference_engine);
-  const StepResult step = run_step(plan, config, parameters, documents, MPI_COMM_WORLD);
+  StepOptions options;
+  options.expert_parallel = kExpertParallel;
+  const StepResult step = run_step(plan, config, parameters, documents, MPI_COMM_WORLD, options);
   const StepDifference difference = compare_with_reference(parameters, step.loss_sum, step.gradients, reference);
-  const bool ok = difference.max_relative_error < 1e-5 && step.targets == reference.target_count;
+  const bool margin_ok = !config.moe() || reference.smallest_top_k_margin > kSmallestMargin;
+  const bool ok = difference.max_relative_error < 1e-5 && step.targets == reference.target_count && margin_ok;
   if (rank == 0) {
-    std::printf("%-34s %-28s %zu micro-batches, loss %.6f, max relative error %.2e (%s)%s\n", label.c_str(),
+    const std::string margin =
+        config.moe() ? fmt::format(", top-k margin {:.1e}{}", reference.smallest_top_k_margin,
+                                   margin_ok ? "" : " (near tie)")
+                     : "";
+    std::printf("%-34s %-28s %zu micro-batches, loss %.6f, max relative error %.2e (%s)%s%s\n", label.c_str(),
                 schemes_of(plan).c_str(), plan.micro_batches.size(), step.loss_sum / step.targets,
-                difference.max_relative_error, difference.worst.c_str(), ok ? "" : "  FAILED");
+                difference.max_relative_error, difference.worst.c_str(), margin.c_str(), ok ? "" : "  FAILED");
   }
   return ok ? 0 : 1;
 }
@@ -155,6 +179,12 @@ int main(int argc, char** argv) {
     config.heads = 8;
     config.kv_heads = 4;  // GQA: Ulysses groups of up to 4 split the KV heads, of 8 replicate them
     config.ffn_hidden = 48;
+#ifdef BALLAST_EXACTNESS_MOE
+    // Mixtral's routing, tiny: 4 experts of width 16, top-2 (EP 2: two experts per member).
+    config.experts = 4;
+    config.experts_per_token = 2;
+    config.expert_ffn_hidden = 16;
+#endif
     const Parameters parameters = init_parameters(config, 7);
     // The cluster and model `ballast run` plans with, memory for ~160 tokens per rank;
     // under TP, its ranks grouped in pairs (4 GPUs per node: nodes of 2 TP groups).

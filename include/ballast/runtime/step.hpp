@@ -32,6 +32,10 @@ struct StepOptions {
   bool record_trace = false;
   /// Test-only (fault.hpp): a fault that fires on this rank in this step, or null.
   const FaultInjection* fault = nullptr;
+  /// An MoE model's expert parallelism: groups of this many consecutive plan ranks share
+  /// each layer's experts (expert_parallel.hpp); 1 = every rank holds every expert. Must
+  /// divide the plan's ranks and the experts; above 1 only without tensor parallelism.
+  int expert_parallel = 1;
 };
 
 struct StepResult {
@@ -51,6 +55,7 @@ struct StepResult {
 /// needs plan.cluster.gpus() ranks: tensor_parallel.hpp; InputError otherwise):
 /// forward and backward of every micro-batch over `documents` (document i = sequence i),
 /// then the all-reduce of gradients, loss and target count. Does not update `parameters`.
+/// An MoE model's experts run in EP groups of options.expert_parallel ranks.
 StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters& parameters,
                     const std::vector<std::vector<std::int32_t>>& documents, MPI_Comm comm,
                     const StepOptions& options = {});
