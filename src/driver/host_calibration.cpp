@@ -244,8 +244,12 @@ void broadcast_string(std::string& text, MPI_Comm comm) {
 }
 
 std::string model_shape(const runtime::ModelConfig& model) {
-  return fmt::format("hidden {}, layers {}, heads {}, kv heads {}, ffn {}, vocab {}, {}", model.hidden,
-                     model.layers, model.heads, model.kv_heads, model.ffn_hidden, model.vocab,
+  // A dense model's text is unchanged by the MoE fields, so its cached calibrations stay valid.
+  const std::string experts = model.moe() ? fmt::format(", {} experts top-{} of ffn {}", model.experts,
+                                                        model.experts_per_token, model.expert_ffn_hidden)
+                                          : "";
+  return fmt::format("hidden {}, layers {}, heads {}, kv heads {}, ffn {}{}, vocab {}, {}", model.hidden,
+                     model.layers, model.heads, model.kv_heads, model.ffn_hidden, experts, model.vocab,
                      model.tied_embeddings ? "tied" : "untied");
 }
 

@@ -37,9 +37,32 @@ void check_runtime_tensor_parallel(const runtime::ModelConfig& model, int tensor
                                  source, tensor_parallel, flag, value, flag, tensor_parallel,
                                  setting_name("--tp")));
   };
+  if (model.moe() && tensor_parallel > 1) {
+    throw InputError(fmt::format("{}: tensor parallelism {} with an MoE model (--experts {}): the runtime does "
+                                 "not split experts over a TP group; use {} 1 (--expert-parallel spreads "
+                                 "the experts instead)", source, tensor_parallel, model.experts,
+                                 setting_name("--tp")));
+  }
   require(model.heads, "--heads");
   require(model.kv_heads, "--kv-heads");
   require(model.ffn_hidden, "--ffn");
+}
+
+/// Throws InputError naming the flags unless --expert-parallel fits the model (an MoE
+/// model whose experts it divides) and `plan_ranks` (EP groups are consecutive ranks).
+void check_runtime_expert_parallel(const RunOptions& options, int plan_ranks, const std::string& source) {
+  const int expert_parallel = options.expert_parallel;
+  if (expert_parallel == 1) return;
+  if (expert_parallel < 1 || !options.model.moe() || options.model.experts % expert_parallel != 0) {
+    throw InputError(fmt::format("{}: --expert-parallel {} needs an MoE model whose --experts ({}) it divides; "
+                                 "pass --experts a multiple of it or --expert-parallel 1", source,
+                                 expert_parallel, options.model.experts));
+  }
+  if (plan_ranks % expert_parallel != 0) {
+    throw InputError(fmt::format("{}: --expert-parallel {} does not divide the plan's {} ranks (EP groups are "
+                                 "consecutive ranks); choose a divisor of the rank count", source,
+                                 expert_parallel, plan_ranks));
+  }
 }
 
 /// Throws InputError naming `source` when `plan` cannot run on this job: another rank
@@ -271,6 +294,10 @@ std::vector<Plan> acquire_plans(const RunOptions& options, int ranks) {
 PreparedRun prepare_run(const RunOptions& options, int ranks) {
   PreparedRun prepared;
   prepared.plans = acquire_plans(options, ranks);
+  for (const Plan& plan : prepared.plans) {
+    check_runtime_expert_parallel(options, plan.cluster.ranks(),
+                                  options.plan_path.empty() ? "--expert-parallel" : options.plan_path);
+  }
   // Test-only (fault.hpp): read once per run; a fault that can never fire is a mistake in
   // the test.
   prepared.fault = runtime::fault_from_environment();
@@ -314,6 +341,7 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
     const auto documents = runtime::cut_documents(corpus, lengths, options.settings.sampler.seed + s);
     runtime::StepOptions step_options;
     step_options.record_trace = options.record_trace && s == 0;
+    step_options.expert_parallel = options.expert_parallel;
     const bool fault_now = fault && fault->rank == rank && fault->step == static_cast<int>(s);
     step_options.fault = fault_now ? &*fault : nullptr;
     runtime::StepResult result = runtime::run_step(plan, options.model, parameters, documents, comm, step_options);

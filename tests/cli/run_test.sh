@@ -27,6 +27,16 @@ check "run (zeppelin, 2 ranks) is exact" exact "$work/zeppelin.json"
 code=$(run "$work/cp.json" "$work/err" -np 4 "$ballast" run --strategy static-cp --steps 2 --check --format json)
 check "run (static-cp, 4 ranks, 2 steps) exits 0" test "$code" = 0
 check "run (static-cp, 4 ranks) is exact" exact "$work/cp.json"
+# An MoE model (4 experts, top-2) with expert parallelism 2: exact, and its all-to-alls on
+# the measured timeline (category "expert parallel"); EP that does not divide the experts
+# is refused with exit 2 naming the flag.
+code=$(run "$work/moe.json" "$work/err" -np 4 "$ballast" run --strategy static-cp --experts 4 --expert-parallel 2 --check --format json --trace "$work/moe_trace.json")
+check "run (MoE, EP 2, 4 ranks) exits 0" test "$code" = 0
+check "run (MoE, EP 2, 4 ranks) is exact" exact "$work/moe.json"
+check "run (MoE) trace has the expert-parallel all-to-alls" has "$work/moe_trace.json" '"category":"expert parallel"'
+code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --experts 4 --expert-parallel 3)
+check "run --expert-parallel 3 with 4 experts exits 2" test "$code" = 2
+check "run --expert-parallel 3 names the flag" has "$work/err" "--expert-parallel 3"
 code=$(run "$work/text.txt" "$work/err" -np 2 "$ballast" run --strategy hybrid-dp --trace "$work/trace.json")
 check "run text exits 0" test "$code" = 0
 check "run text has the rank table" has "$work/text.txt" "busy (s)"

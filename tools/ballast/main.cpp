@@ -122,6 +122,9 @@ int run(int argc, char** argv) {
   run_command->add_option("--trace", run_args.trace_path,
                           "write the first step's measured and predicted timelines (Chrome trace)");
   add_runtime_model_flags(*run_command, run_args.options.model);
+  run_command->add_option("--expert-parallel", run_args.options.expert_parallel,
+                          "with --experts: groups of this many consecutive ranks share each layer's "
+                          "experts (rank m of a group owns experts e with e % N = m) [default: 1]");
   run_command->add_option("--length-scale", run_args.options.length_scale,
                           "divide sampled document lengths by this [default: 64]");
   run_command->add_option("--rank-tokens", run_args.options.rank_tokens,
@@ -135,6 +138,7 @@ int run(int argc, char** argv) {
                       "  mpirun -np 4 ballast run --strategy zeppelin --check\n"
                       "  mpirun -np 2 ballast run --strategy packed-dp,static-cp,zeppelin --steps 3  # predicted vs measured order\n"
                       "  mpirun -np 8 ballast run --strategy packed-dp --dataset wlbllm --steps 3 --format json\n"
+                      "  mpirun -np 4 ballast run --experts 4 --expert-parallel 2 --check  # MoE, expert parallel\n"
                       "  ballast plan --strategy hybrid-dp ... -o p.json && mpirun -np 8 ballast run --plan p.json\n"
                       "(as root add --allow-run-as-root; with more ranks than cores add --oversubscribe)");
 

@@ -243,6 +243,18 @@ void add_runtime_model_flags(CLI::App& command, runtime::ModelConfig& model, con
   command.add_option("--ffn", model.ffn_hidden, prefix + "SwiGLU hidden size [default: 172]");
   command.add_flag("--untied", [&model](std::int64_t) { model.tied_embeddings = false; },
                    prefix + "separate LM head instead of the tied embedding");
+  command.add_option("--experts", model.experts,
+                     prefix + "mixture of experts: SwiGLU experts per layer instead of the MLP [default: 0, dense]");
+  command.add_option("--experts-per-token", model.experts_per_token,
+                     prefix + "with --experts: top-k experts each token runs [default: 2]");
+  command.add_option("--expert-ffn", model.expert_ffn_hidden,
+                     prefix + "with --experts: each expert's SwiGLU hidden size [default: --ffn]");
+  command.callback([&model] {
+    // Unless given, Mixtral's choices (Jiang et al. 2024): top-2, experts as wide as the
+    // dense FFN (Mixtral 8x7B's experts have Mistral 7B's 14,336).
+    if (model.experts > 0 && model.experts_per_token == 0) model.experts_per_token = std::min(2, model.experts);
+    if (model.experts > 0 && model.expert_ffn_hidden == 0) model.expert_ffn_hidden = model.ffn_hidden;
+  });
 }
 
 }  // namespace ballast::cli

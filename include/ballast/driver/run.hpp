@@ -28,6 +28,8 @@ struct RunOptions {
   std::string strategy = "zeppelin";  ///< a strategy spec, used when plan_path is empty
   std::string plan_path;       ///< plans written by `ballast plan` (one or an array)
   runtime::ModelConfig model;
+  /// An MoE model's expert-parallel size (runtime::StepOptions::expert_parallel).
+  int expert_parallel = 1;
   /// Sampled lengths are divided by this (rounded up) so documents of a 128K corpus fit a
   /// CPU step; the shape of the distribution is kept.
   std::int64_t length_scale = 64;
