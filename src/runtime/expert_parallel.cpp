@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <climits>
 #include <utility>
 
 #include "ballast/error.hpp"
@@ -38,41 +37,13 @@ MpiExpertParallelGroup::MpiExpertParallelGroup(MPI_Comm group, std::vector<bool>
   BALLAST_CHECK(static_cast<int>(same_node_.size()) == size_, "EP group with a node map of another size");
 }
 
-void MpiExpertParallelGroup::counts_of(std::span<const int> rows, int width, std::vector<int>& counts,
-                                       std::vector<int>& displacements) {
-  counts.assign(rows.size(), 0);
-  displacements.assign(rows.size(), 0);
-  long long offset = 0;
-  for (std::size_t m = 0; m < rows.size(); ++m) {
-    const long long floats = static_cast<long long>(rows[m]) * width;
-    if (offset + floats > INT_MAX) {
-      throw InputError(fmt::format("an expert-parallel all-to-all of {} rows of {} floats exceeds MPI's int "
-                                   "counts ({}); plan fewer tokens per micro-batch or use a smaller --hidden",
-                                   offset / width + rows[m], width, INT_MAX));
-    }
-    counts[m] = static_cast<int>(floats);
-    displacements[m] = static_cast<int>(offset);
-    offset += floats;
-  }
-}
-
-template <typename Collective>
-void MpiExpertParallelGroup::timed(Collective&& collective) {
-  const double start = MPI_Wtime();
-  const double cpu_start = thread_cpu_s();
-  collective();
-  const double duration = MPI_Wtime() - start;
-  stats_.wait_s += duration;
-  stats_.wait_cpu_s += thread_cpu_s() - cpu_start;
-  calls_.push_back({start, duration});
-}
 
 void MpiExpertParallelGroup::exchange_counts(std::span<const int> send, int per_member,
                                              std::span<int> received) {
   BALLAST_CHECK(per_member >= 0 && send.size() == static_cast<std::size_t>(per_member) * size_ &&
                     received.size() == send.size(),
                 "EP count exchange with buffers for another group size");
-  timed([&] {
+  timed_collective(stats_, calls_, [&] {
     check_mpi(MPI_Alltoall(send.data(), per_member, MPI_INT, received.data(), per_member, MPI_INT, group_),
               "MPI_Alltoall (expert parallel counts)");
   });
@@ -82,15 +53,15 @@ void MpiExpertParallelGroup::all_to_all(const float* send, std::span<const int> 
                                         float* received, std::span<const int> received_rows) {
   BALLAST_CHECK(static_cast<int>(send_rows.size()) == size_ && static_cast<int>(received_rows.size()) == size_,
                 "EP all-to-all with row counts for another group size");
-  counts_of(send_rows, width, send_counts_, send_displacements_);
-  counts_of(received_rows, width, received_counts_, received_displacements_);
+  mpi_row_counts(send_rows, width, "an expert-parallel all-to-all", send_counts_, send_displacements_);
+  mpi_row_counts(received_rows, width, "an expert-parallel all-to-all", received_counts_, received_displacements_);
   for (int m = 0; m < size_; ++m) {
     if (m == rank_) continue;  // rows an expert of this member runs stay here
     const std::int64_t bytes = static_cast<std::int64_t>(send_counts_[static_cast<std::size_t>(m)]) *
                                static_cast<std::int64_t>(sizeof(float));
     (same_node_[static_cast<std::size_t>(m)] ? stats_.intra_node_bytes_sent : stats_.inter_node_bytes_sent) += bytes;
   }
-  timed([&] {
+  timed_collective(stats_, calls_, [&] {
     check_mpi(MPI_Alltoallv(send, send_counts_.data(), send_displacements_.data(), MPI_FLOAT, received,
                             received_counts_.data(), received_displacements_.data(), MPI_FLOAT, group_),
               "MPI_Alltoallv (expert parallel rows)");

@@ -13,12 +13,6 @@
 
 namespace ballast::runtime {
 
-namespace {
-
-void require_config(bool ok, const std::string& field, const std::string& problem) {
-  if (!ok) throw InputError("model config: " + field + " " + problem);
-}
-
 /// Row-major C = op(A) * op(B) + beta * C with the strides of dense operands: A is [m, k]
 /// ([k, m] stored when transposed), B is [k, n] ([n, k] stored when transposed), C [m, n].
 /// Empty shapes are fine: a rank with no tokens still runs every layer, so that an engine
@@ -33,6 +27,13 @@ void matmul(bool transpose_a, bool transpose_b, int m, int n, int k, const float
   gemm(transpose_a, transpose_b, m, n, k, 1.0f, a, transpose_a ? m : k, b, transpose_b ? k : n,
        beta, c, n);
 }
+
+namespace {
+
+void require_config(bool ok, const std::string& field, const std::string& problem) {
+  if (!ok) throw InputError("model config: " + field + " " + problem);
+}
+
 
 /// Pointers to every tensor of one flat buffer (values or gradients), in the layout order
 /// of parameter_layout().

@@ -15,19 +15,6 @@ namespace ballast::runtime::moe {
 
 namespace {
 
-/// Row-major C = op(A) * op(B) + beta * C of dense operands (model.cpp's matmul); empty
-/// shapes do nothing (k = 0 scales C by beta).
-void matmul(bool transpose_a, bool transpose_b, int m, int n, int k, const float* a,
-            const float* b, float beta, float* c) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (std::size_t i = 0; i < static_cast<std::size_t>(m) * n; ++i) c[i] *= beta;
-    return;
-  }
-  gemm(transpose_a, transpose_b, m, n, k, 1.0f, a, transpose_a ? m : k, b, transpose_b ? k : n,
-       beta, c, n);
-}
-
 float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 
 /// The shape of one member's share of the experts.

@@ -9,6 +9,15 @@
 
 #include "ballast/runtime/model.hpp"
 
+namespace ballast::runtime {
+
+/// Row-major C = op(A) * op(B) + beta * C of dense operands (model.cpp), shared by the
+/// dense layers and the experts; empty shapes do nothing (k = 0 scales C by beta).
+void matmul(bool transpose_a, bool transpose_b, int m, int n, int k, const float* a,
+            const float* b, float beta, float* c);
+
+}  // namespace ballast::runtime
+
 namespace ballast::runtime::moe {
 
 /// One layer's MoE weights (or gradients): the router [hidden, experts] and every expert's

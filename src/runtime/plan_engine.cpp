@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <ctime>
 #include <limits>
 #include <numeric>
@@ -101,6 +102,24 @@ double thread_cpu_s() {
   timespec now{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+void mpi_row_counts(std::span<const int> rows, int width, const char* what,
+                    std::vector<int>& counts, std::vector<int>& displacements) {
+  counts.assign(rows.size(), 0);
+  displacements.assign(rows.size(), 0);
+  long long offset = 0;
+  for (std::size_t m = 0; m < rows.size(); ++m) {
+    const long long floats = static_cast<long long>(rows[m]) * width;
+    if (offset + floats > INT_MAX) {
+      throw InputError(fmt::format("{} of {} rows of {} floats exceeds MPI's int counts ({}); "
+                                   "plan fewer tokens per micro-batch or use a smaller --hidden",
+                                   what, offset / width + rows[m], width, INT_MAX));
+    }
+    counts[m] = static_cast<int>(floats);
+    displacements[m] = static_cast<int>(offset);
+    offset += floats;
+  }
 }
 
 void PlanAttentionEngine::timed_wait(const char* name, const std::function<void()>& wait) {

@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <climits>
 
 #include "ballast/error.hpp"
 #include "ballast/runtime/mpi.hpp"
@@ -44,31 +43,7 @@ MpiTensorParallelGroup::MpiTensorParallelGroup(MPI_Comm group) : group_(group) {
 void MpiTensorParallelGroup::set_counts(std::span<const int> row_counts, int width) {
   BALLAST_CHECK(static_cast<int>(row_counts.size()) == size_,
                 "TP collective with row counts for another group size");
-  counts_.assign(row_counts.size(), 0);
-  displacements_.assign(row_counts.size(), 0);
-  long long offset = 0;
-  for (std::size_t m = 0; m < row_counts.size(); ++m) {
-    const long long floats = static_cast<long long>(row_counts[m]) * width;
-    if (offset + floats > INT_MAX) {
-      throw InputError(fmt::format("a tensor-parallel collective of {} rows of {} floats exceeds MPI's int "
-                                   "counts ({}); plan fewer tokens per micro-batch or use a smaller --hidden",
-                                   offset / width + row_counts[m], width, INT_MAX));
-    }
-    counts_[m] = static_cast<int>(floats);
-    displacements_[m] = static_cast<int>(offset);
-    offset += floats;
-  }
-}
-
-template <typename Collective>
-void MpiTensorParallelGroup::timed(Collective&& collective) {
-  const double start = MPI_Wtime();
-  const double cpu_start = thread_cpu_s();
-  collective();
-  const double duration = MPI_Wtime() - start;
-  stats_.wait_s += duration;
-  stats_.wait_cpu_s += thread_cpu_s() - cpu_start;
-  calls_.push_back({start, duration});
+  mpi_row_counts(row_counts, width, "a tensor-parallel collective", counts_, displacements_);
 }
 
 void MpiTensorParallelGroup::all_gather(const float* mine, std::span<const int> row_counts, int width,
@@ -78,7 +53,7 @@ void MpiTensorParallelGroup::all_gather(const float* mine, std::span<const int> 
   // My shard goes to every other member.
   stats_.intra_node_bytes_sent += static_cast<std::int64_t>(my_floats) * (size_ - 1) *
                                   static_cast<std::int64_t>(sizeof(float));
-  timed([&] {
+  timed_collective(stats_, calls_, [&] {
     check_mpi(MPI_Allgatherv(mine, my_floats, MPI_FLOAT, all, counts_.data(), displacements_.data(),
                              MPI_FLOAT, group_),
               "MPI_Allgatherv (tensor parallel)");
@@ -93,7 +68,7 @@ void MpiTensorParallelGroup::reduce_scatter(const float* all, std::span<const in
     if (m != rank_) others += counts_[static_cast<std::size_t>(m)];
   }
   stats_.intra_node_bytes_sent += others * static_cast<std::int64_t>(sizeof(float));
-  timed([&] {
+  timed_collective(stats_, calls_, [&] {
     check_mpi(MPI_Reduce_scatter(all, mine, counts_.data(), MPI_FLOAT, MPI_SUM, group_),
               "MPI_Reduce_scatter (tensor parallel)");
   });

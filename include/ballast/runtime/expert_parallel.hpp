@@ -58,10 +58,6 @@ class MpiExpertParallelGroup final : public ExpertParallelGroup {
 
  private:
   /// MPI counts and displacements of rows of `width` floats; throws InputError beyond int.
-  static void counts_of(std::span<const int> rows, int width, std::vector<int>& counts,
-                        std::vector<int>& displacements);
-  template <typename Collective>
-  void timed(Collective&& collective);
 
   MPI_Comm group_;
   int size_ = 1;

@@ -45,6 +45,26 @@ struct WallInterval {
 /// stays meaningful when ranks share cores.
 double thread_cpu_s();
 
+/// Runs `collective` (blocking MPI calls), adding its wall time and this thread's CPU time
+/// to `stats` and its interval to `calls` (the TP and EP groups' timing).
+template <typename Collective>
+void timed_collective(CommunicationStats& stats, std::vector<WallInterval>& calls,
+                      Collective&& collective) {
+  const double start = MPI_Wtime();
+  const double cpu_start = thread_cpu_s();
+  collective();
+  const double duration = MPI_Wtime() - start;
+  stats.wait_s += duration;
+  stats.wait_cpu_s += thread_cpu_s() - cpu_start;
+  calls.push_back({start, duration});
+}
+
+/// MPI's int counts and displacements, in floats, of rows[m] rows of `width` floats per
+/// member, in member order. Throws InputError naming `what` (e.g. "a tensor-parallel
+/// collective") and the fix when the floats exceed MPI's int counts.
+void mpi_row_counts(std::span<const int> rows, int width, const char* what,
+                    std::vector<int>& counts, std::vector<int>& displacements);
+
 /// One token of a layout: sequence id and position inside the sequence.
 struct TokenRef {
   std::int64_t sequence = 0;

@@ -64,8 +64,6 @@ class MpiTensorParallelGroup final : public TensorParallelGroup {
  private:
   /// MPI counts and displacements of rows of `width` floats; throws InputError beyond int.
   void set_counts(std::span<const int> row_counts, int width);
-  template <typename Collective>
-  void timed(Collective&& collective);
 
   MPI_Comm group_;
   int size_ = 1;
