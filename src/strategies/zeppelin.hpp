@@ -100,7 +100,7 @@ TierContext make_tier_context(const CostModel& cost, const PlanEvaluator& evalua
 /// (routed when routing is on). Each must fit memory (ceil(s/degree) <= capacity).
 /// 1. The first candidate that hides its traffic and whose share of the sequence's work
 ///    (attention + linear on one GPU) / degree is at most `target_load_s` (the mean
-///    per-GPU work of the micro-batch) wins.
+///    per-GPU work of the step, over all its micro-batches; docs/zeppelin.md) wins.
 /// 2. With spread_stragglers, a straggler (no candidate of rule 1) goes to the smallest
 ///    fitting candidate whose member finishes within the target by the cost model,
 ///    exposed communication included, else to the one whose member finishes first.
