@@ -347,11 +347,10 @@ TEST_P(ModelGradient, EveryTensorMatchesFiniteDifferences) {
     EXPECT_EQ(analytic.gradients[embedding.offset + 1 * config.hidden + j], 0.0f);
 }
 
-TEST_P(ModelGradient, DirectionalDerivativeOverAllParameters) {
-  const ModelConfig config = tiny_config(GetParam());
-  const Parameters parameters = random_parameters(config, 11);
-  const TokenBatch batch = pack_documents(tiny_documents());
-  const StepOutput analytic = run(config, parameters, batch);
+/// The gradient along one seeded random direction over every parameter against the
+/// central difference of the loss (step 1e-3).
+void expect_directional_derivative_matches(const ModelConfig& config, const Parameters& parameters,
+                                           const TokenBatch& batch, const StepOutput& analytic) {
   std::uint64_t state = 3;
   std::vector<float> direction(parameters.values.size());
   for (float& d : direction) d = static_cast<float>(2.0 * uniform(state) - 1.0);
@@ -367,6 +366,14 @@ TEST_P(ModelGradient, DirectionalDerivativeOverAllParameters) {
   const double numeric =
       (loss_at(config, plus, batch) - loss_at(config, minus, batch)) / (2.0 * kStep);
   EXPECT_NEAR(exact, numeric, 0.01 * std::abs(exact) + 0.05) << exact;
+}
+
+TEST_P(ModelGradient, DirectionalDerivativeOverAllParameters) {
+  const ModelConfig config = tiny_config(GetParam());
+  const Parameters parameters = random_parameters(config, 11);
+  const TokenBatch batch = pack_documents(tiny_documents());
+  const StepOutput analytic = run(config, parameters, batch);
+  expect_directional_derivative_matches(config, parameters, batch, analytic);
 }
 
 INSTANTIATE_TEST_SUITE_P(TiedAndUntied, ModelGradient, ::testing::Values(true, false),
@@ -404,21 +411,7 @@ TEST(ModelGradientMoe, DirectionalDerivativeAndTopKOfAll) {
   const TokenBatch batch = pack_documents(tiny_documents());
   const StepOutput analytic = run(config, parameters, batch);
   EXPECT_TRUE(std::isinf(analytic.smallest_top_k_margin));
-  std::uint64_t state = 3;
-  std::vector<float> direction(parameters.values.size());
-  for (float& d : direction) d = static_cast<float>(2.0 * uniform(state) - 1.0);
-  double exact = 0;
-  for (std::size_t i = 0; i < direction.size(); ++i)
-    exact += static_cast<double>(direction[i]) * analytic.gradients[i];
-  constexpr float kStep = 1e-3f;
-  Parameters plus = parameters, minus = parameters;
-  for (std::size_t i = 0; i < direction.size(); ++i) {
-    plus.values[i] += kStep * direction[i];
-    minus.values[i] -= kStep * direction[i];
-  }
-  const double numeric =
-      (loss_at(config, plus, batch) - loss_at(config, minus, batch)) / (2.0 * kStep);
-  EXPECT_NEAR(exact, numeric, 0.01 * std::abs(exact) + 0.05) << exact;
+  expect_directional_derivative_matches(config, parameters, batch, analytic);
 }
 
 // ---- invariance the distributed runtime relies on --------------------------------------
