@@ -96,11 +96,44 @@ std::optional<Plan> unrouted_twin(const Plan& plan) {
   return direct;
 }
 
+/// What plan_zeppelin already knows of each candidate it priced: the same micro-batches
+/// (in one call the batch, cluster, model and cost model are the same) validate and simulate
+/// the same, so each distinct candidate is validated and simulated once, however many
+/// Fastest instances see it (stage 2 offers stage 1's winner again; the placement kinds
+/// can build the same candidate).
+class PricedCandidates {
+ public:
+  struct Price {
+    bool valid = false;
+    Seconds step_s = 0;
+    std::string problem;  ///< the validation message when not valid
+  };
+  /// The candidate's price, computed on its first call.
+  const Price& price(const Plan& plan, const CostModel& cost, const PlanEvaluator& evaluator) {
+    for (const auto& [micro_batches, price] : priced_) {
+      if (micro_batches == plan.micro_batches) return price;
+    }
+    Price price;
+    const ValidationResult validation = validate(plan, cost);
+    price.valid = validation.ok;
+    if (validation.ok) {
+      price.step_s = evaluator.step_time_s(plan);
+    } else {
+      price.problem = validation.message;
+    }
+    priced_.emplace_back(plan.micro_batches, std::move(price));
+    return priced_.back().second;
+  }
+
+ private:
+  std::vector<std::pair<std::vector<MicroBatch>, Price>> priced_;
+};
+
 /// Keeps the fastest valid plan by the evaluator; ties keep the one offered first.
 class Fastest {
  public:
-  explicit Fastest(const CostModel& cost, const PlanEvaluator& evaluator)
-      : cost_(&cost), evaluator_(&evaluator) {}
+  Fastest(const CostModel& cost, const PlanEvaluator& evaluator, PricedCandidates& priced)
+      : cost_(&cost), evaluator_(&evaluator), priced_(&priced) {}
   /// Validates and prices `plan` unless it equals one already offered (same plan, same
   /// time: skipping it changes nothing); returns true when it became the fastest.
   bool offer(Plan plan) {
@@ -109,15 +142,14 @@ class Fastest {
     const auto same = [&](const std::vector<MicroBatch>& seen) { return seen == plan.micro_batches; };
     if (std::any_of(seen_.begin(), seen_.end(), same)) return false;
     seen_.push_back(plan.micro_batches);
-    const ValidationResult validation = validate(plan, *cost_);
-    if (!validation.ok) {
-      if (first_problem_.empty()) first_problem_ = validation.message;
+    const PricedCandidates::Price& price = priced_->price(plan, *cost_, *evaluator_);
+    if (!price.valid) {
+      if (first_problem_.empty()) first_problem_ = price.problem;
       return false;
     }
-    const Seconds step_s = evaluator_->step_time_s(plan);
-    if (best_ && step_s >= best_s_) return false;
+    if (best_ && price.step_s >= best_s_) return false;
+    best_s_ = price.step_s;
     best_ = std::move(plan);
-    best_s_ = step_s;
     return true;
   }
   const std::optional<Plan>& best() const { return best_; }
@@ -127,6 +159,7 @@ class Fastest {
  private:
   const CostModel* cost_;
   const PlanEvaluator* evaluator_;
+  PricedCandidates* priced_;
   std::vector<std::vector<MicroBatch>> seen_;
   std::optional<Plan> best_;
   Seconds best_s_ = 0;
@@ -214,16 +247,17 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluato
   Seconds best_s = 0;
   std::size_t best_kind = 0;
   std::string first_problem;
+  PricedCandidates priced;
   for (std::size_t kind = 0; kind < placements.size(); ++kind) {
     std::vector<Plan>& of_kind = placements[kind];
-    Fastest fastest(cost, evaluator);
+    Fastest fastest(cost, evaluator, priced);
     for (Plan& plan : of_kind) {
       finish_micro_batches(plan, cost, evaluator, switches.routing);
       fastest.offer(remap_only ? with_remap(std::move(plan), cost) : std::move(plan));
     }
     if (fastest.best() && switches.routing == Switches::Mode::auto_) {
       if (std::optional<Plan> direct = unrouted_twin(*fastest.best())) {
-        Fastest twin_first(cost, evaluator);
+        Fastest twin_first(cost, evaluator, priced);
         twin_first.offer(std::move(*direct));
         twin_first.offer(*fastest.best());
         fastest = std::move(twin_first);
