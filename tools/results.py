@@ -19,9 +19,11 @@ of the time (10-30 s per step).
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import threading
@@ -255,6 +257,73 @@ def write_data(results_dir, results):
         f.write("\n")
 
 
+def ballast_figures(result):
+    """(ballast's row, the best other strategy's row, the better of flexsp-fast and
+    zeppelin's rows) of one compare; None for a row that is missing or could not run."""
+    rows = {r["strategy"]: r for r in result["results"] if not r["error"]}
+    ours = rows.get("ballast")
+    others = [r for name, r in rows.items() if name != "ballast"]
+    best_other = min(others, key=lambda r: r["step_time_s"]) if others else None
+    pair = [rows[name] for name in ("flexsp-fast", "zeppelin") if name in rows]
+    better_seed = min(pair, key=lambda r: r["step_time_s"]) if pair else None
+    return ours, best_other, better_seed
+
+
+def write_ballast_section(add, compares, results, jobs):
+    """Issue 21's table: per run, the best other strategy, ballast, their ratio, ballast's
+    gap to the lower bound and its planning time; then the targets' summary figures."""
+    add("## The ballast strategy against the best other")
+    add("")
+    add("Per run: the fastest strategy other than `ballast` and its step, `ballast`'s step, "
+        "their ratio (ballast / best other; at most 1.005 is the target), `ballast`'s gap to the "
+        "lower bound (target: under 10% on average), its speedup over the better of "
+        "`flexsp-fast` and `zeppelin` (target: geometric mean at least 1.10x) and its planning "
+        f"time per step, as `ballast compare` measured it (`plan_time_ms`, with `--jobs {jobs}` on a "
+        "machine other jobs may share: a rough figure, not a benchmark; "
+        "`bench/bench_planners` is the benchmark).")
+    add("")
+    add("| run | best other | its step (s) | ballast (s) | ratio | gap | over flexsp-fast/zeppelin | plan time (ms) |")
+    add("|---|---|---|---|---|---|---|---|")
+    ratios, gaps, speedups, plan_ms, missing = [], [], [], [], []
+    for label, _, _ in compares:
+        ours, best_other, better_seed = ballast_figures(results[label])
+        if ours is None or best_other is None:
+            missing.append(label)
+            add(f"| [{label}](#{slug(label).lower()}) | | | cannot compare | | | | |")
+            continue
+        ratio = ours["step_time_s"] / best_other["step_time_s"]
+        ratios.append((ratio, label))
+        gaps.append(ours["gap_to_lower_bound"])
+        speedup = better_seed["step_time_s"] / ours["step_time_s"] if better_seed else None
+        if speedup is not None:
+            speedups.append(speedup)
+        plan = ours.get("plan_time_ms")
+        if plan is not None:
+            plan_ms.append(plan)
+        add(f"| [{label}](#{slug(label).lower()}) | `{best_other['strategy']}` | "
+            f"{best_other['step_time_s']:.3f} | {ours['step_time_s']:.3f} | {ratio:.3f} | "
+            f"{100 * ours['gap_to_lower_bound']:.1f}% | "
+            f"{'-' if speedup is None else f'{speedup:.3f}x'} | "
+            f"{'-' if plan is None else f'{plan:.0f}'} |")
+    add("")
+    if ratios:
+        worst, worst_label = max(ratios)
+        within = sum(1 for r, _ in ratios if r <= 1.005)
+        geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
+        geomean_text = "-" if geomean is None else f"{geomean:.3f}x"
+        plan_text = (f"median {statistics.median(plan_ms):.0f} ms, largest {max(plan_ms):.0f} ms"
+                     if plan_ms else "not reported")
+        add(f"Over {len(ratios)} runs: `ballast` is within 1.005x of the best other strategy on "
+            f"{within} (worst {worst:.3f}x, {worst_label}); geometric-mean speedup over the better "
+            f"of `flexsp-fast` and `zeppelin` {geomean_text} (target 1.10x); mean gap to the lower "
+            f"bound {100 * sum(gaps) / len(gaps):.1f}% (target under 10%); planning time per step "
+            f"{plan_text}.")
+    if missing:
+        add("")
+        add(f"No comparison (ballast or every other strategy could not run): {', '.join(missing)}.")
+    add("")
+
+
 def relative(path, out):
     return os.path.relpath(path, out)
 
@@ -333,6 +402,8 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
         add(f"FlexSP's MILP over DeepSpeed-Ulysses in the {len(flexsp)} `flexsp-*` scenarios: "
             f"{min(flexsp):.2f}-{max(flexsp):.2f}x (published: up to 1.72x over DeepSpeed-Ulysses).")
     add("")
+
+    write_ballast_section(add, compares, results, args.jobs)
 
     if timelines:
         add("## Timelines")
