@@ -130,6 +130,9 @@ class SimulatorEvaluator final : public PlanEvaluator {
   /// simulate(validated_plan, cost).step_time_s without validating the plan again (the
   /// caller validated it; a planner validates each candidate once).
   Seconds step_time_s(const Plan& validated_plan) const override;
+  /// The simulation stops once its clock reaches `bound_s` with tasks left (the step is then
+  /// at least that long) and returns that clock.
+  Seconds step_time_below_s(const Plan& validated_plan, Seconds bound_s) const override;
   /// One simulation: its step time and each rank's busy_s + exposed_communication_s.
   PlanEvaluation evaluate(const Plan& validated_plan) const override;
   /// isolated_transfer_time_s(cost, ...), remembered per argument tuple: planners ask for

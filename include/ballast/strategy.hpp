@@ -56,6 +56,13 @@ class PlanEvaluator {
   virtual ~PlanEvaluator() = default;
   /// Predicted step time of a plan that validate() accepted.
   virtual Seconds step_time_s(const Plan& validated_plan) const = 0;
+  /// step_time_s() when it is below `bound_s`; otherwise any time >= bound_s and <= the
+  /// step (an evaluator may stop once the step is known to reach the bound). For a planner
+  /// that only keeps a candidate faster than its best so far. Default: step_time_s().
+  virtual Seconds step_time_below_s(const Plan& validated_plan, Seconds bound_s) const {
+    static_cast<void>(bound_s);
+    return step_time_s(validated_plan);
+  }
   /// step_time_s() and, where the evaluator knows them, the ranks' own times (one
   /// simulation for both with SimulatorEvaluator). Default: no rank times.
   virtual PlanEvaluation evaluate(const Plan& validated_plan) const {

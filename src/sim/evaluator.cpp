@@ -4,14 +4,20 @@
 #include "ballast/simulator.hpp"
 #include "simulate_validated.hpp"
 
+#include <limits>
+
 namespace ballast {
 
 SimulatorEvaluator::SimulatorEvaluator(const CostModel& cost, GradientSync gradient_sync)
     : cost_(cost), gradient_sync_(gradient_sync) {}
 
 Seconds SimulatorEvaluator::step_time_s(const Plan& validated_plan) const {
-  return sim::simulate_validated(validated_plan, cost_, {.gradient_sync = gradient_sync_})
-      .step_time_s;
+  return sim::simulate_step_time_s(validated_plan, cost_, gradient_sync_,
+                                   std::numeric_limits<Seconds>::infinity());
+}
+
+Seconds SimulatorEvaluator::step_time_below_s(const Plan& validated_plan, Seconds bound_s) const {
+  return sim::simulate_step_time_s(validated_plan, cost_, gradient_sync_, bound_s);
 }
 
 PlanEvaluation SimulatorEvaluator::evaluate(const Plan& validated_plan) const {

@@ -13,4 +13,11 @@ namespace ballast::sim {
 SimulationReport simulate_validated(const Plan& validated_plan, const CostModel& cost,
                                     const SimulationOptions& options);
 
+/// simulate_validated(...).step_time_s without the report (rank accounting, memory, lower
+/// bound), when that step is below `stop_at_s`; otherwise a time >= stop_at_s and no later
+/// than that step: the simulation stops once its clock reaches `stop_at_s` with tasks left.
+/// With stop_at_s = infinity, exactly simulate_validated(...).step_time_s.
+Seconds simulate_step_time_s(const Plan& validated_plan, const CostModel& cost,
+                             GradientSync gradient_sync, Seconds stop_at_s);
+
 }  // namespace ballast::sim

@@ -188,6 +188,14 @@ SimulationReport simulate_validated(const Plan& plan, const CostModel& cost,
   return report;
 }
 
+Seconds simulate_step_time_s(const Plan& validated_plan, const CostModel& cost,
+                             GradientSync gradient_sync, Seconds stop_at_s) {
+  const sim::LinkPorts ports(validated_plan.cluster);
+  sim::TaskGraph graph(/*keep_names=*/false);
+  sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph);
+  return graph.run_until(ports.count(), stop_at_s);
+}
+
 }  // namespace sim
 
 Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,

@@ -152,13 +152,19 @@ class FlowSimulation {
     flows_.resize(static_cast<std::size_t>(transfers));
   }
 
-  /// Returns the number of tasks that ran (all of them: the graph is acyclic).
-  int run() {
-    for (int id = 0; id < static_cast<int>(tasks_.size()); ++id) {
+  /// Returns the number of tasks that ran: all of them (the graph is acyclic), unless the
+  /// clock reached `stop_at_s` with tasks still to finish: it stops there, and every task
+  /// not finished ends at `stopped_at_s()` or later.
+  int run(Seconds stop_at_s) {
+    const int task_count = static_cast<int>(tasks_.size());
+    for (int id = 0; id < task_count; ++id) {
       if (pending_[id] == 0) start(id, 0.0);
     }
     while (!events_.empty() || !immediate_.empty()) {
       now_s_ = immediate_.empty() ? events_.top().time_s : now_s_;
+      // Every unfinished task ends at an event of this time or later (the clock never goes
+      // back), so the step lasts at least now_s_.
+      if (now_s_ >= stop_at_s && finished_ < task_count) return finished_;
       // Every event of this time, those it schedules for the same time included (in a FIFO
       // beside the heap: most events of a step are zero-time joins and latency-free starts).
       for (;;) {
@@ -178,6 +184,8 @@ class FlowSimulation {
     }
     return finished_;
   }
+
+  Seconds now_s() const { return now_s_; }
 
  private:
   /// A transfer's data phase.
@@ -438,8 +446,17 @@ class FlowSimulation {
 
 void TaskGraph::run(int port_count) {
   FlowSimulation simulation(tasks_, port_pool_, edges_, port_count);
-  const int finished = simulation.run();
+  const int finished = simulation.run(std::numeric_limits<Seconds>::infinity());
   BALLAST_CHECK(finished == size(), "every task of the step runs (the graph is acyclic)");
+}
+
+Seconds TaskGraph::run_until(int port_count, Seconds stop_at_s) {
+  FlowSimulation simulation(tasks_, port_pool_, edges_, port_count);
+  const int finished = simulation.run(stop_at_s);
+  if (finished < size()) return simulation.now_s();
+  Seconds end_s = 0;
+  for (const Task& task : tasks_) end_s = std::max(end_s, task.end_s);
+  return end_s;
 }
 
 }  // namespace ballast::sim

@@ -115,6 +115,11 @@ class TaskGraph {
   /// Simultaneous events are handled in the order they were scheduled, so a run is
   /// deterministic.
   void run(int port_count);
+  /// run(), but stops once the clock reaches `stop_at_s` with tasks still to finish (the
+  /// tasks' times are then partial). Returns the last task's end (the step, as run() gives
+  /// it) when every task finished before `stop_at_s`; otherwise the time it stopped at,
+  /// >= stop_at_s, a lower bound of that end.
+  Seconds run_until(int port_count, Seconds stop_at_s);
 
   int size() const { return static_cast<int>(tasks_.size()); }
   const Task& task(int id) const { return tasks_[id]; }

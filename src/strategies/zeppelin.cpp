@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -98,31 +99,44 @@ std::optional<Plan> unrouted_twin(const Plan& plan) {
 
 /// What plan_zeppelin already knows of each candidate it priced: the same micro-batches
 /// (in one call the batch, cluster, model and cost model are the same) validate and simulate
-/// the same, so each distinct candidate is validated and simulated once, however many
-/// Fastest instances see it (stage 2 offers stage 1's winner again; the placement kinds
-/// can build the same candidate).
+/// the same, so each distinct candidate is validated once and simulated at most as far as
+/// needed, however many Fastest instances see it (stage 2 offers stage 1's winner again; the
+/// placement kinds can build the same candidate).
 class PricedCandidates {
  public:
   struct Price {
     bool valid = false;
+    /// The step when `exact`; otherwise a lower bound of it (the simulation stopped there).
     Seconds step_s = 0;
+    bool exact = false;
     std::string problem;  ///< the validation message when not valid
   };
-  /// The candidate's price, computed on its first call.
-  const Price& price(const Plan& plan, const CostModel& cost, const PlanEvaluator& evaluator) {
-    for (const auto& [micro_batches, price] : priced_) {
-      if (micro_batches == plan.micro_batches) return price;
+  /// The candidate's price: exact when its step is below `bound_s`; otherwise the step or a
+  /// lower bound of it that is at least `bound_s` (the simulation stops there: a Fastest
+  /// keeps only a candidate faster than its best so far).
+  const Price& price(const Plan& plan, Seconds bound_s, const CostModel& cost,
+                     const PlanEvaluator& evaluator) {
+    Price* known = nullptr;
+    for (auto& [micro_batches, price] : priced_) {
+      if (micro_batches == plan.micro_batches) {
+        known = &price;
+        break;
+      }
     }
-    Price price;
-    const ValidationResult validation = validate(plan, cost);
-    price.valid = validation.ok;
-    if (validation.ok) {
-      price.step_s = evaluator.step_time_s(plan);
-    } else {
-      price.problem = validation.message;
+    if (known == nullptr) {
+      Price price;
+      const ValidationResult validation = validate(plan, cost);
+      price.valid = validation.ok;
+      if (!validation.ok) price.problem = validation.message;
+      priced_.emplace_back(plan.micro_batches, std::move(price));
+      known = &priced_.back().second;
+      if (!known->valid) return *known;
+    } else if (!known->valid || known->exact || known->step_s >= bound_s) {
+      return *known;
     }
-    priced_.emplace_back(plan.micro_batches, std::move(price));
-    return priced_.back().second;
+    known->step_s = evaluator.step_time_below_s(plan, bound_s);
+    known->exact = known->step_s < bound_s;
+    return *known;
   }
 
  private:
@@ -142,7 +156,8 @@ class Fastest {
     const auto same = [&](const std::vector<MicroBatch>& seen) { return seen == plan.micro_batches; };
     if (std::any_of(seen_.begin(), seen_.end(), same)) return false;
     seen_.push_back(plan.micro_batches);
-    const PricedCandidates::Price& price = priced_->price(plan, *cost_, *evaluator_);
+    const Seconds bound_s = best_ ? best_s_ : std::numeric_limits<Seconds>::infinity();
+    const PricedCandidates::Price& price = priced_->price(plan, bound_s, *cost_, *evaluator_);
     if (!price.valid) {
       if (first_problem_.empty()) first_problem_ = price.problem;
       return false;

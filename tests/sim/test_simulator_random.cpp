@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
+#include <string>
 
 #include "ballast/simulator.hpp"
 #include "sim/sim_fixtures.hpp"
@@ -241,6 +244,46 @@ TEST(SimulatorRandom, UspLowerBoundHolds) {
     }
   }
   EXPECT_GT(usp_groups, 20);
+}
+
+TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
+  // SimulatorEvaluator's step-only path (no report) and its early stop against simulate():
+  // the same step to the last bit; below a bound the step itself, at or above it a time
+  // between the bound and the step. Routed rings (a800-roce: 2 GPUs per NIC), groups of any
+  // size, usp, several micro-batches; both gradient sync modes.
+  Cluster cluster = cluster_preset("a800-roce");
+  cluster.nodes = 2;
+  int stopped_early = 0;
+  int checked = 0;
+  for (const char* name : {"llama-7b", "llama3-8b"}) {
+    const AnalyticalCostModel cost(cluster, model_preset(name));
+    for (const GradientSync sync : {GradientSync::overlap, GradientSync::end}) {
+      const SimulatorEvaluator evaluator(cost, sync);
+      for (unsigned seed = 1; seed <= 12; ++seed) {
+        SCOPED_TRACE(std::string(name) + " seed " + std::to_string(seed));
+        PlanGenerator generator(cost, seed, 64, 4000);
+        if (seed % 2 == 0) generator.any_size(16).with_usp();
+        const Plan plan = generator.make();
+        const Seconds step_s = simulate(plan, cost, {.gradient_sync = sync}).step_time_s;
+        EXPECT_EQ(evaluator.step_time_s(plan), step_s);
+        const Seconds infinity = std::numeric_limits<Seconds>::infinity();
+        for (const Seconds bound_s : {infinity, 1.5 * step_s, std::nextafter(step_s, infinity),
+                                      step_s, 0.999 * step_s, 0.5 * step_s, 0.01 * step_s, 0.0}) {
+          const Seconds got_s = evaluator.step_time_below_s(plan, bound_s);
+          ++checked;
+          if (step_s < bound_s) {
+            EXPECT_EQ(got_s, step_s) << "bound " << bound_s;
+          } else {
+            EXPECT_GE(got_s, bound_s);
+            EXPECT_LE(got_s, step_s);
+            stopped_early += got_s < step_s;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2 * 2 * 12 * 8);
+  EXPECT_GT(stopped_early, 2 * 2 * 12);  // the stop runs, not only the full simulation
 }
 
 TEST(SimulatorRandom, UspOfOneStageOrOneRankPerStageCostsUlyssesOrRing) {
