@@ -154,7 +154,7 @@ class FlowSimulation {
 
   /// Returns the number of tasks that ran: all of them (the graph is acyclic), unless the
   /// clock reached `stop_at_s` with tasks still to finish: it stops there, and every task
-  /// not finished ends at `stopped_at_s()` or later.
+  /// not finished ends at now_s() or later.
   int run(Seconds stop_at_s) {
     const int task_count = static_cast<int>(tasks_.size());
     for (int id = 0; id < task_count; ++id) {

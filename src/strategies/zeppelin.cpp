@@ -98,10 +98,11 @@ std::optional<Plan> unrouted_twin(const Plan& plan) {
 }
 
 /// What plan_zeppelin already knows of each candidate it priced: the same micro-batches
-/// (in one call the batch, cluster, model and cost model are the same) validate and simulate
-/// the same, so each distinct candidate is validated once and simulated at most as far as
-/// needed, however many Fastest instances see it (stage 2 offers stage 1's winner again; the
-/// placement kinds can build the same candidate).
+/// (in one call the batch, cluster, model and cost model are the same; the micro-batches'
+/// groups, chunks, routing, queues and layouts are what candidates differ in) validate and
+/// simulate the same, so each distinct candidate is validated once and simulated at most as
+/// far as needed, however many Fastest instances see it (stage 2 offers stage 1's winner
+/// again; the placement kinds can build the same candidate).
 class PricedCandidates {
  public:
   struct Price {
@@ -111,11 +112,12 @@ class PricedCandidates {
     bool exact = false;
     std::string problem;  ///< the validation message when not valid
   };
+  PricedCandidates(const CostModel& cost, const PlanEvaluator& evaluator)
+      : cost_(&cost), evaluator_(&evaluator) {}
   /// The candidate's price: exact when its step is below `bound_s`; otherwise the step or a
   /// lower bound of it that is at least `bound_s` (the simulation stops there: a Fastest
   /// keeps only a candidate faster than its best so far).
-  const Price& price(const Plan& plan, Seconds bound_s, const CostModel& cost,
-                     const PlanEvaluator& evaluator) {
+  const Price& price(const Plan& plan, Seconds bound_s) {
     Price* known = nullptr;
     for (auto& [micro_batches, price] : priced_) {
       if (micro_batches == plan.micro_batches) {
@@ -125,7 +127,7 @@ class PricedCandidates {
     }
     if (known == nullptr) {
       Price price;
-      const ValidationResult validation = validate(plan, cost);
+      const ValidationResult validation = validate(plan, *cost_);
       price.valid = validation.ok;
       if (!validation.ok) price.problem = validation.message;
       priced_.emplace_back(plan.micro_batches, std::move(price));
@@ -134,30 +136,28 @@ class PricedCandidates {
     } else if (!known->valid || known->exact || known->step_s >= bound_s) {
       return *known;
     }
-    known->step_s = evaluator.step_time_below_s(plan, bound_s);
+    known->step_s = evaluator_->step_time_below_s(plan, bound_s);
     known->exact = known->step_s < bound_s;
     return *known;
   }
 
  private:
+  const CostModel* cost_;
+  const PlanEvaluator* evaluator_;
   std::vector<std::pair<std::vector<MicroBatch>, Price>> priced_;
 };
 
 /// Keeps the fastest valid plan by the evaluator; ties keep the one offered first.
 class Fastest {
  public:
-  Fastest(const CostModel& cost, const PlanEvaluator& evaluator, PricedCandidates& priced)
-      : cost_(&cost), evaluator_(&evaluator), priced_(&priced) {}
-  /// Validates and prices `plan` unless it equals one already offered (same plan, same
-  /// time: skipping it changes nothing); returns true when it became the fastest.
+  explicit Fastest(PricedCandidates& priced) : priced_(&priced) {}
+  /// Validates and prices `plan` (once per distinct candidate: see PricedCandidates);
+  /// returns true when it became the fastest. A plan offered again loses: its step is the
+  /// best's (a tie keeps the first) or was already no faster than a best that can only
+  /// have improved since.
   bool offer(Plan plan) {
-    // Candidates share the batch, cluster, model and cost model: their micro-batches
-    // (groups, chunks, routing, queues, layouts) are what can differ.
-    const auto same = [&](const std::vector<MicroBatch>& seen) { return seen == plan.micro_batches; };
-    if (std::any_of(seen_.begin(), seen_.end(), same)) return false;
-    seen_.push_back(plan.micro_batches);
     const Seconds bound_s = best_ ? best_s_ : std::numeric_limits<Seconds>::infinity();
-    const PricedCandidates::Price& price = priced_->price(plan, bound_s, *cost_, *evaluator_);
+    const PricedCandidates::Price& price = priced_->price(plan, bound_s);
     if (!price.valid) {
       if (first_problem_.empty()) first_problem_ = price.problem;
       return false;
@@ -172,10 +172,7 @@ class Fastest {
   const std::string& first_problem() const { return first_problem_; }
 
  private:
-  const CostModel* cost_;
-  const PlanEvaluator* evaluator_;
   PricedCandidates* priced_;
-  std::vector<std::vector<MicroBatch>> seen_;
   std::optional<Plan> best_;
   Seconds best_s_ = 0;
   std::string first_problem_;
@@ -262,17 +259,17 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluato
   Seconds best_s = 0;
   std::size_t best_kind = 0;
   std::string first_problem;
-  PricedCandidates priced;
+  PricedCandidates priced(cost, evaluator);
   for (std::size_t kind = 0; kind < placements.size(); ++kind) {
     std::vector<Plan>& of_kind = placements[kind];
-    Fastest fastest(cost, evaluator, priced);
+    Fastest fastest(priced);
     for (Plan& plan : of_kind) {
       finish_micro_batches(plan, cost, evaluator, switches.routing);
       fastest.offer(remap_only ? with_remap(std::move(plan), cost) : std::move(plan));
     }
     if (fastest.best() && switches.routing == Switches::Mode::auto_) {
       if (std::optional<Plan> direct = unrouted_twin(*fastest.best())) {
-        Fastest twin_first(cost, evaluator, priced);
+        Fastest twin_first(priced);
         twin_first.offer(std::move(*direct));
         twin_first.offer(*fastest.best());
         fastest = std::move(twin_first);

@@ -394,7 +394,7 @@ void check_batch(const Planner& planner, const CostModel& cost,
 }
 
 /// Batches per (strategy, setup) at scale 1 (1,100 per strategy); a MILP planner gets
-/// one of each shape per setup it runs on (80 small batches), a portfolio planner a third
+/// one of each shape per setup it runs on (86 small batches), a portfolio planner a third
 /// (every shape still three times per setup). Sized for CI's time budget: at 150 per setup
 /// and two of each shape for the MILP, these tests took 430 s of the suite's 890 s of CPU.
 constexpr int kBatchesPerSetup = 100;
