@@ -133,8 +133,12 @@ class SimulatorEvaluator final : public PlanEvaluator {
   /// The simulation stops once its clock reaches `bound_s` with tasks left (the step is then
   /// at least that long) and returns that clock.
   Seconds step_time_below_s(const Plan& validated_plan, Seconds bound_s) const override;
-  /// One simulation: its step time and each rank's busy_s + exposed_communication_s.
+  /// One simulation: its step time and each rank's busy_s + exposed_communication_s (the
+  /// report's figures, without the rest of the report: memory, lower bound, trace).
   PlanEvaluation evaluate(const Plan& validated_plan) const override;
+  /// evaluate(), but the simulation stops once its clock reaches `bound_s` with tasks left
+  /// and returns that clock with no rank times.
+  PlanEvaluation evaluate_below(const Plan& validated_plan, Seconds bound_s) const override;
   /// isolated_transfer_time_s(cost, ...), remembered per argument tuple: planners ask for
   /// the same transfers again and again (Zeppelin's crossover search, every plan), and a
   /// routed transfer is a small flow simulation of its own. Thread-safe.

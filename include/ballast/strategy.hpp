@@ -68,6 +68,14 @@ class PlanEvaluator {
   virtual PlanEvaluation evaluate(const Plan& validated_plan) const {
     return {step_time_s(validated_plan), {}};
   }
+  /// evaluate() when the step is below `bound_s`; otherwise a step_time_s >= bound_s and no
+  /// later than the step, and rank times only if the evaluator has them (an evaluator may
+  /// stop once the step is known to reach the bound). For a planner that needs the ranks'
+  /// times of a candidate only when it beats its best so far. Default: evaluate().
+  virtual PlanEvaluation evaluate_below(const Plan& validated_plan, Seconds bound_s) const {
+    static_cast<void>(bound_s);
+    return evaluate(validated_plan);
+  }
   /// Time of one transfer alone on an idle cluster (see isolated_transfer_time_s).
   virtual Seconds transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
                                   int routing_proxies, int routing_chunks) const = 0;

@@ -21,14 +21,12 @@ Seconds SimulatorEvaluator::step_time_below_s(const Plan& validated_plan, Second
 }
 
 PlanEvaluation SimulatorEvaluator::evaluate(const Plan& validated_plan) const {
-  const SimulationReport report =
-      sim::simulate_validated(validated_plan, cost_, {.gradient_sync = gradient_sync_});
-  PlanEvaluation evaluation{report.step_time_s, {}};
-  evaluation.rank_time_s.reserve(report.ranks.size());
-  for (const RankTimes& rank : report.ranks) {
-    evaluation.rank_time_s.push_back(rank.busy_s + rank.exposed_communication_s);
-  }
-  return evaluation;
+  return sim::simulate_evaluation(validated_plan, cost_, gradient_sync_,
+                                  std::numeric_limits<Seconds>::infinity());
+}
+
+PlanEvaluation SimulatorEvaluator::evaluate_below(const Plan& validated_plan, Seconds bound_s) const {
+  return sim::simulate_evaluation(validated_plan, cost_, gradient_sync_, bound_s);
 }
 
 Seconds SimulatorEvaluator::transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank,

@@ -20,4 +20,10 @@ SimulationReport simulate_validated(const Plan& validated_plan, const CostModel&
 Seconds simulate_step_time_s(const Plan& validated_plan, const CostModel& cost,
                              GradientSync gradient_sync, Seconds stop_at_s);
 
+/// simulate_step_time_s() and, when that step is below `stop_at_s`, each rank's
+/// busy_s + exposed_communication_s as simulate_validated() reports them (bit for bit);
+/// no rank times when the simulation stopped at `stop_at_s`.
+PlanEvaluation simulate_evaluation(const Plan& validated_plan, const CostModel& cost,
+                                   GradientSync gradient_sync, Seconds stop_at_s);
+
 }  // namespace ballast::sim

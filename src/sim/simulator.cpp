@@ -196,6 +196,22 @@ Seconds simulate_step_time_s(const Plan& validated_plan, const CostModel& cost,
   return graph.run_until(ports.count(), stop_at_s);
 }
 
+PlanEvaluation simulate_evaluation(const Plan& validated_plan, const CostModel& cost,
+                                   GradientSync gradient_sync, Seconds stop_at_s) {
+  const sim::LinkPorts ports(validated_plan.cluster);
+  sim::TaskGraph graph(/*keep_names=*/false);
+  sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph);
+  PlanEvaluation evaluation{graph.run_until(ports.count(), stop_at_s), {}};
+  if (evaluation.step_time_s >= stop_at_s) return evaluation;
+  std::vector<RankTimes> ranks(static_cast<std::size_t>(validated_plan.cluster.ranks()));
+  account_ranks(graph, evaluation.step_time_s, ranks);
+  evaluation.rank_time_s.reserve(ranks.size());
+  for (const RankTimes& rank : ranks) {
+    evaluation.rank_time_s.push_back(rank.busy_s + rank.exposed_communication_s);
+  }
+  return evaluation;
+}
+
 }  // namespace sim
 
 Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,

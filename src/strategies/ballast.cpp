@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <tuple>
 
 #include "ballast.hpp"
@@ -18,6 +20,7 @@ namespace {
 using namespace ballast_search;
 
 constexpr const char* kName = "ballast";
+constexpr Seconds kInfinity = std::numeric_limits<Seconds>::infinity();
 /// Full simulations the search may spend on candidates (budget=N). Measured on the
 /// scenarios of docs/strategies.md: beyond ~32 the search rarely finds more, and each
 /// simulation at 64 GPUs / 512 sequences costs ~1 ms.
@@ -87,29 +90,40 @@ long long budget_of(const PlannerOptions& options) {
 }
 
 /// The portfolio's best plan by the evaluator (ties: portfolio order); PlanningError naming
-/// the batch's longest sequence and every member's reason when none plans.
+/// the batch's longest sequence and every member's reason when none plans. The members run
+/// last to first (the later strategies of the registry are the more elaborate ones and
+/// usually the faster), each plan simulated only as far as it can still win
+/// (evaluate_below the best so far; a member listed earlier wins a tie), so the result is
+/// the one of portfolio order.
 Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
                        const PlanEvaluator& evaluator, PlanEvaluation& best_evaluation) {
   const PlannerOptions member = member_options(options);
+  const std::vector<const Planner*> members = portfolio_of(options);
   std::optional<Plan> best;
-  std::vector<std::string> reasons;
-  for (const Planner* planner : portfolio_of(options)) {
+  std::vector<std::string> reasons(members.size());
+  for (std::size_t i = members.size(); i-- > 0;) {
+    const Planner* planner = members[i];
     Plan plan;
     try {
       plan = planner->plan(batch, cost, member, evaluator);
     } catch (const PlanningError& error) {
-      reasons.push_back(fmt::format("{}: {}", planner->name(), error.what()));
+      reasons[i] = fmt::format("{}: {}", planner->name(), error.what());
       continue;
     } catch (const InputError& error) {  // options this member cannot take (its degree rule)
-      reasons.push_back(fmt::format("{}: {}", planner->name(), error.what()));
+      reasons[i] = fmt::format("{}: {}", planner->name(), error.what());
       continue;
     }
     require_valid(plan, cost, fmt::format("{} (ballast's portfolio)", planner->name()));
-    PlanEvaluation evaluation = evaluator.evaluate(plan);
-    if (!best || evaluation.step_time_s < best_evaluation.step_time_s) {
-      best = std::move(plan);
+    if (!best) {
+      best_evaluation = evaluator.evaluate(plan);
+    } else {
+      // Listed before the best: a tie wins, so the bound lets the best's own step through.
+      const Seconds bound_s = std::nextafter(best_evaluation.step_time_s, kInfinity);
+      PlanEvaluation evaluation = evaluator.evaluate_below(plan, bound_s);
+      if (evaluation.step_time_s >= bound_s) continue;
       best_evaluation = std::move(evaluation);
     }
+    best = std::move(plan);
   }
   if (!best) {
     const auto longest = std::max_element(batch.lengths_tokens.begin(), batch.lengths_tokens.end());
@@ -159,8 +173,9 @@ bool better(const PlanEvaluation& candidate, const PlanEvaluation& current) {
 /// sideways ones until one is better() (accepted: the next round starts from it); a round
 /// that accepts none ends the search (the same plan would give the same moves). The
 /// estimate only orders the candidates: it is too coarse (docs/strategies.md) to rule out
-/// a move the simulator would accept. At most `budget` simulations and
-/// kScreenedMovesPerSimulation x budget screened moves.
+/// a move the simulator would accept. Each candidate is simulated only until its step
+/// reaches what it must beat (evaluate_below); the rank times come with an accepted one. At
+/// most `budget` simulations and kScreenedMovesPerSimulation x budget screened moves.
 Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const PlanEvaluator& evaluator,
              long long budget) {
   long long screens_left = kScreenedMovesPerSimulation * budget;
@@ -203,8 +218,9 @@ Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const 
     std::stable_sort(sideways.begin(), sideways.end(),
                      [&](std::size_t a, std::size_t b) { return freed_s[a] > freed_s[b]; });
     std::vector<bool> tried(moves.size(), false);
-    // Simulates up to `tries` of `order` not tried yet; accepts the first that `accept`s.
-    const auto try_moves = [&](const std::vector<std::size_t>& order, long long tries,
+    // Simulates up to `tries` of `order` not tried yet, each only until its step reaches
+    // `bound_s` (no candidate that does is accepted); accepts the first that `accept`s.
+    const auto try_moves = [&](const std::vector<std::size_t>& order, long long tries, Seconds bound_s,
                                const auto& accept) {
       for (const std::size_t i : order) {
         if (simulations_left == 0 || tries == 0) return false;
@@ -214,8 +230,8 @@ Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const 
         if (!validate(candidate, cost).ok) continue;  // e.g. a rank out of memory
         --simulations_left;
         --tries;
-        PlanEvaluation candidate_evaluation = evaluator.evaluate(candidate);
-        if (!accept(candidate_evaluation)) continue;
+        PlanEvaluation candidate_evaluation = evaluator.evaluate_below(candidate, bound_s);
+        if (candidate_evaluation.step_time_s >= bound_s || !accept(candidate_evaluation)) continue;
         for (std::size_t e = 0; e < moves[i].edits.size(); ++e) {
           raw.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
         }
@@ -232,10 +248,12 @@ Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const 
     };
     // First the fastest by the estimate, accepted only when faster; only when none is, a
     // few sideways ones (so the search goes exactly as far as without them first).
+    // A faster step is below the current one; a sideways move's is at most the current one.
+    const Seconds current_step_s = evaluation.step_time_s;
     const bool accepted =
-        try_moves(by_step, kSimulationsPerRound,
-                  [&](const PlanEvaluation& candidate) { return candidate.step_time_s < evaluation.step_time_s; }) ||
-        try_moves(sideways, kSidewaysPerRound,
+        try_moves(by_step, kSimulationsPerRound, current_step_s,
+                  [&](const PlanEvaluation& candidate) { return candidate.step_time_s < current_step_s; }) ||
+        try_moves(sideways, kSidewaysPerRound, std::nextafter(current_step_s, kInfinity),
                   [&](const PlanEvaluation& candidate) { return better(candidate, evaluation); });
     if (!accepted) break;
   }

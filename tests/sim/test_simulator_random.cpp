@@ -247,9 +247,10 @@ TEST(SimulatorRandom, UspLowerBoundHolds) {
 }
 
 TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
-  // SimulatorEvaluator's step-only path (no report) and its early stop against simulate():
-  // the same step to the last bit; below a bound the step itself, at or above it a time
-  // between the bound and the step. Routed rings (a800-roce: 2 GPUs per NIC), groups of any
+  // SimulatorEvaluator's step-only path (no report), evaluate() and their early stops
+  // against simulate(): the same step and rank times to the last bit; below a bound the
+  // step itself (and evaluate_below() the rank times), at or above it a time between the
+  // bound and the step (and no rank times). Routed rings (a800-roce: 2 GPUs per NIC), groups of any
   // size, usp, several micro-batches; both gradient sync modes.
   Cluster cluster = cluster_preset("a800-roce");
   cluster.nodes = 2;
@@ -264,18 +265,30 @@ TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
         PlanGenerator generator(cost, seed, 64, 4000);
         if (seed % 2 == 0) generator.any_size(16).with_usp();
         const Plan plan = generator.make();
-        const Seconds step_s = simulate(plan, cost, {.gradient_sync = sync}).step_time_s;
+        const SimulationReport report = simulate(plan, cost, {.gradient_sync = sync});
+        const Seconds step_s = report.step_time_s;
         EXPECT_EQ(evaluator.step_time_s(plan), step_s);
+        // evaluate(): the report's step and each rank's busy + exposed communication.
+        std::vector<Seconds> rank_time_s;
+        for (const RankTimes& rank : report.ranks) rank_time_s.push_back(rank.busy_s + rank.exposed_communication_s);
+        const PlanEvaluation evaluation = evaluator.evaluate(plan);
+        EXPECT_EQ(evaluation.step_time_s, step_s);
+        EXPECT_EQ(evaluation.rank_time_s, rank_time_s);
         const Seconds infinity = std::numeric_limits<Seconds>::infinity();
         for (const Seconds bound_s : {infinity, 1.5 * step_s, std::nextafter(step_s, infinity),
                                       step_s, 0.999 * step_s, 0.5 * step_s, 0.01 * step_s, 0.0}) {
           const Seconds got_s = evaluator.step_time_below_s(plan, bound_s);
+          // evaluate_below(): the same stop; below the bound, evaluate() to the bit.
+          const PlanEvaluation below = evaluator.evaluate_below(plan, bound_s);
+          EXPECT_EQ(below.step_time_s, got_s) << "bound " << bound_s;
           ++checked;
           if (step_s < bound_s) {
             EXPECT_EQ(got_s, step_s) << "bound " << bound_s;
+            EXPECT_EQ(below.rank_time_s, rank_time_s) << "bound " << bound_s;
           } else {
             EXPECT_GE(got_s, bound_s);
             EXPECT_LE(got_s, step_s);
+            EXPECT_TRUE(below.rank_time_s.empty()) << "bound " << bound_s;
             stopped_early += got_s < step_s;
           }
         }
