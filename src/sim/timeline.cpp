@@ -6,7 +6,6 @@
 #include <functional>
 #include <limits>
 #include <queue>
-#include <set>
 
 #include "ballast/error.hpp"
 
@@ -15,30 +14,32 @@ namespace ballast::sim {
 LinkPorts::LinkPorts(const Cluster& cluster)
     : cluster_(cluster), ranks_(cluster.ranks()), nics_(cluster.nodes * cluster.nics_per_node) {}
 
-std::vector<int> LinkPorts::transfer_ports(int src_rank, int dst_rank) const {
+std::array<int, 2> LinkPorts::transfer_ports(int src_rank, int dst_rank) const {
   if (cluster_.same_node(src_rank, dst_rank)) return {nvlink_tx(src_rank), nvlink_rx(dst_rank)};
   return {nic_tx(cluster_.nic_of(src_rank)), nic_rx(cluster_.nic_of(dst_rank))};
 }
 
 std::vector<int> LinkPorts::collective_ports(std::span<const int> member_ranks) const {
-  std::set<int> nodes;
   std::vector<int> members_per_node(cluster_.nodes, 0);
+  bool spans_nodes = false;
   for (int rank : member_ranks) {
-    nodes.insert(cluster_.node_of(rank));
     ++members_per_node[cluster_.node_of(rank)];
+    spans_nodes = spans_nodes || !cluster_.same_node(rank, member_ranks.front());
   }
-  std::set<int> ports;
+  std::vector<int> ports;
   for (int rank : member_ranks) {
     if (members_per_node[cluster_.node_of(rank)] >= 2) {
-      ports.insert(nvlink_tx(rank));
-      ports.insert(nvlink_rx(rank));
+      ports.push_back(nvlink_tx(rank));
+      ports.push_back(nvlink_rx(rank));
     }
-    if (nodes.size() > 1) {
-      ports.insert(nic_tx(cluster_.nic_of(rank)));
-      ports.insert(nic_rx(cluster_.nic_of(rank)));
+    if (spans_nodes) {
+      ports.push_back(nic_tx(cluster_.nic_of(rank)));
+      ports.push_back(nic_rx(cluster_.nic_of(rank)));
     }
   }
-  return {ports.begin(), ports.end()};
+  std::sort(ports.begin(), ports.end());
+  ports.erase(std::unique(ports.begin(), ports.end()), ports.end());
+  return ports;
 }
 
 int TaskGraph::add_task(TaskKind kind, int micro_batch, Seconds duration_s,
@@ -69,7 +70,8 @@ void TaskGraph::depend(int task_id, int dep_id, Seconds delay_s) {
 }
 
 int TaskGraph::add_join(std::span<const int> deps) {
-  std::vector<int> real;
+  std::vector<int>& real = join_scratch_;  // reused: a step adds tens of thousands of joins
+  real.clear();
   for (int dep : deps) {
     if (dep >= 0 && std::find(real.begin(), real.end(), dep) == real.end()) real.push_back(dep);
   }
@@ -124,8 +126,9 @@ struct Event {
 class FlowSimulation {
  public:
   FlowSimulation(std::vector<Task>& tasks, const std::vector<int>& port_pool,
-                 const std::vector<Edge>& edges, int port_count)
-      : tasks_(tasks),
+                 const std::vector<Edge>& edges, int port_count, std::size_t scanned_component_ports)
+      : scanned_component_ports_(scanned_component_ports),
+        tasks_(tasks),
         port_pool_(port_pool),
         flow_slot_(tasks.size(), -1),
         port_flows_(static_cast<std::size_t>(port_count)),
@@ -356,6 +359,10 @@ class FlowSimulation {
     const std::size_t ports = component_ports_.size();
     capacity_.assign(ports, 0.0);
     unfixed_.assign(ports, 0);
+    if (ports <= scanned_component_ports_) {
+      fill_by_scanning(now_s);
+      return;
+    }
     // A min-heap of (fair share, slot) in a reused vector; ties by slot.
     auto& shares = shares_;
     shares.clear();
@@ -394,6 +401,44 @@ class FlowSimulation {
     for (int id : component_flows_) flow_of(id).fixed = false;
   }
 
+  /// fill_progressively() for a small component: the bottleneck port found by a scan over
+  /// the ports instead of a heap (fewer instructions on a few ports);
+  /// the same ports in the same order (the smallest share, ties: the lower slot), so the
+  /// same rates to the bit.
+  void fill_by_scanning(Seconds now_s) {
+    const std::size_t ports = component_ports_.size();
+    for (std::size_t i = 0; i < ports; ++i) {
+      const int port = component_ports_[i];
+      capacity_[i] = port_frozen_[port] > 0 ? 0.0 : 1.0;
+      unfixed_[i] = static_cast<int>(port_flows_[port].size());
+    }
+    for (;;) {
+      int slot = -1;
+      double share = 0;
+      for (std::size_t i = 0; i < ports; ++i) {
+        if (unfixed_[i] == 0) continue;
+        const double candidate = std::max(0.0, capacity_[i]) / unfixed_[i];
+        if (slot < 0 || candidate < share) {
+          slot = static_cast<int>(i);
+          share = candidate;
+        }
+      }
+      if (slot < 0) break;
+      for (int id : port_flows_[component_ports_[static_cast<std::size_t>(slot)]]) {
+        Flow& flow = flow_of(id);
+        if (flow.fixed) continue;
+        flow.fixed = true;
+        for (int port : ports_of(id)) {
+          const int other = port_slot_[port];
+          capacity_[other] -= share;
+          --unfixed_[other];
+        }
+        set_rate(id, share, now_s);
+      }
+    }
+    for (int id : component_flows_) flow_of(id).fixed = false;
+  }
+
   /// A transfer's new rate and predicted finish; a finish event only when it comes earlier
   /// than the one already scheduled.
   void set_rate(int id, double rate, Seconds now_s) {
@@ -416,6 +461,7 @@ class FlowSimulation {
     component_ports_.push_back(port);
   }
 
+  std::size_t scanned_component_ports_;
   std::vector<Task>& tasks_;
   const std::vector<int>& port_pool_;
   std::vector<int> offsets_, pending_;
@@ -445,13 +491,13 @@ class FlowSimulation {
 };
 
 void TaskGraph::run(int port_count) {
-  FlowSimulation simulation(tasks_, port_pool_, edges_, port_count);
+  FlowSimulation simulation(tasks_, port_pool_, edges_, port_count, scanned_component_ports_);
   const int finished = simulation.run(std::numeric_limits<Seconds>::infinity());
   BALLAST_CHECK(finished == size(), "every task of the step runs (the graph is acyclic)");
 }
 
 Seconds TaskGraph::run_until(int port_count, Seconds stop_at_s) {
-  FlowSimulation simulation(tasks_, port_pool_, edges_, port_count);
+  FlowSimulation simulation(tasks_, port_pool_, edges_, port_count, scanned_component_ports_);
   const int finished = simulation.run(stop_at_s);
   if (finished < size()) return simulation.now_s();
   Seconds end_s = 0;
