@@ -39,6 +39,28 @@ std::string group_label(std::size_t micro_batch, std::size_t group_index,
                      scheme_name(group.scheme));
 }
 
+/// group_label() formatted only when a message needs it: validate() runs on every
+/// candidate a planner tries, and a valid plan needs no labels.
+struct GroupLabel {
+  std::size_t micro_batch = 0;
+  std::size_t group_index = 0;
+  const AttentionGroup* group = nullptr;
+};
+
+}  // namespace
+}  // namespace ballast
+
+template <>
+struct fmt::formatter<ballast::GroupLabel> : fmt::formatter<std::string> {
+  auto format(const ballast::GroupLabel& label, format_context& ctx) const {
+    return fmt::formatter<std::string>::format(
+        ballast::group_label(label.micro_batch, label.group_index, *label.group), ctx);
+  }
+};
+
+namespace ballast {
+namespace {
+
 std::string gib(Bytes bytes, int decimals = 1) {
   return fmt::format("{:.{}f} GiB", static_cast<double>(bytes) / kGiB, decimals);
 }
@@ -231,7 +253,7 @@ Violation check_tensor_parallel_heads(const Plan& plan) {
 /// A Ulysses group of `degree` ranks, each a TP group of `tp` GPUs, splits every TP GPU's
 /// heads `degree` ways (plan.hpp's ulysses_degree_allowed): the message names the group,
 /// the heads per TP GPU and the degrees it could use instead.
-Violation check_ulysses_degree(const std::string& label, int degree, const Model& model, int tp) {
+Violation check_ulysses_degree(const GroupLabel& label, int degree, const Model& model, int tp) {
   if (ulysses_degree_allowed(model, tp, degree)) return std::nullopt;
   const int heads = model.heads / tp;
   const int kv_heads = model.kv_heads / tp;
@@ -249,7 +271,7 @@ Violation check_ulysses_degree(const std::string& label, int degree, const Model
 /// A usp group: r >= 2 stages of u >= 2 consecutive ranks (u = 1 is a ring, r = 1
 /// Ulysses: one spelling per layout), u shards the heads as a Ulysses group of u would, and
 /// its ring hops are direct (the routing layer relays only whole-ring hops).
-Violation check_usp_stages(const std::string& label, const AttentionGroup& group,
+Violation check_usp_stages(const GroupLabel& label, const AttentionGroup& group,
                            const Model& model, int tp) {
   const auto size = static_cast<int>(group.ranks.size());
   const int degree = group.ulysses_degree;
@@ -270,11 +292,11 @@ Violation check_usp_stages(const std::string& label, const AttentionGroup& group
   return std::nullopt;
 }
 
-Violation check_group_shape(const std::string& label, const AttentionGroup& group,
+Violation check_group_shape(const GroupLabel& label, const AttentionGroup& group,
                             const Model& model, int tp) {
-  if (!known_scheme(group.scheme)) return label + ": the scheme is not one ballast knows";
-  if (group.ranks.empty()) return label + ": the group has no ranks";
-  if (group.sequences.empty()) return label + ": the group has no sequences; remove it";
+  if (!known_scheme(group.scheme)) return fmt::format("{}: the scheme is not one ballast knows", label);
+  if (group.ranks.empty()) return fmt::format("{}: the group has no ranks", label);
+  if (group.sequences.empty()) return fmt::format("{}: the group has no sequences; remove it", label);
   const auto size = static_cast<int>(group.ranks.size());
   if (group.scheme == Scheme::local && size != 1) {
     return fmt::format("{}: a local group needs exactly one rank but has {} (ranks {})", label,
@@ -297,7 +319,7 @@ Violation check_group_shapes(const Plan& plan) {
     }
   }
   return for_each_group(plan, [&](std::size_t m, std::size_t g, const AttentionGroup& group) {
-    return check_group_shape(group_label(m, g, group), group, plan.model,
+    return check_group_shape(GroupLabel{m, g, &group}, group, plan.model,
                              plan.cluster.tensor_parallel.gpus);
   });
 }
@@ -305,7 +327,7 @@ Violation check_group_shapes(const Plan& plan) {
 /// A routed ring hop relays its parts through proxy GPUs inside the same ring step, so
 /// every proxy must be a member of the group (the runtime executes nothing else).
 Violation check_routing_proxies(const Cluster& cluster, const AttentionGroup& group,
-                                const std::string& label) {
+                                const GroupLabel& label) {
   const int size = static_cast<int>(group.ranks.size());
   if (group.scheme != Scheme::ring || size == 1 || group.routing_proxies == 1) return std::nullopt;
   std::vector<int> members = group.ranks;
@@ -345,7 +367,7 @@ Violation check_routing(const Plan& plan) {
               "per-chunk latency dominates)",
               group_label(m, g, group), group.routing_chunks, kMaxRoutingChunks, kMaxRoutingChunks);
         }
-        return check_routing_proxies(plan.cluster, group, group_label(m, g, group));
+        return check_routing_proxies(plan.cluster, group, GroupLabel{m, g, &group});
       });
 }
 
@@ -416,7 +438,7 @@ Violation check_membership(const Plan& plan) {
   return std::nullopt;
 }
 
-Violation check_padding(const std::string& label, const AttentionGroup& group,
+Violation check_padding(const GroupLabel& label, const AttentionGroup& group,
                         const SequenceChunks& sequence, Tokens length) {
   const Tokens padded = sequence.padded_length_tokens;
   const auto id = sequence.sequence_id;
@@ -445,7 +467,7 @@ Violation check_padding(const std::string& label, const AttentionGroup& group,
   return std::nullopt;
 }
 
-Violation check_chunk_cover(const std::string& label, const SequenceChunks& sequence,
+Violation check_chunk_cover(const GroupLabel& label, const SequenceChunks& sequence,
                             std::vector<Range>& ranges) {
   const auto id = sequence.sequence_id;
   const Tokens padded = sequence.padded_length_tokens;
@@ -478,7 +500,7 @@ Violation check_chunks(const Plan& plan) {
       plan,
       [&](std::size_t m, std::size_t g, const AttentionGroup& group,
           const SequenceChunks& sequence) -> Violation {
-        const std::string label = group_label(m, g, group);
+        const GroupLabel label{m, g, &group};
         const Tokens length =
             plan.sequence_lengths_tokens[static_cast<std::size_t>(sequence.sequence_id)];
         if (auto violation = check_padding(label, group, sequence, length)) return violation;
