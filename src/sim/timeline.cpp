@@ -383,20 +383,9 @@ class FlowSimulation {
       if (unfixed_[slot] == 0 || share != std::max(0.0, capacity_[slot]) / unfixed_[slot]) {
         continue;  // stale: the port's share grew since this entry, or it is done
       }
-      for (int id : port_flows_[component_ports_[slot]]) {
-        Flow& flow = flow_of(id);
-        if (flow.fixed) continue;
-        flow.fixed = true;
-        for (int port : ports_of(id)) {
-          const int other = port_slot_[port];
-          capacity_[other] -= share;
-          --unfixed_[other];
-          if (other != slot && unfixed_[other] > 0) {
-            push(std::max(0.0, capacity_[other]) / unfixed_[other], other);
-          }
-        }
-        set_rate(id, share, now_s);
-      }
+      fix_flows_at(slot, share, now_s, [&](int other) {
+        if (unfixed_[other] > 0) push(std::max(0.0, capacity_[other]) / unfixed_[other], other);
+      });
     }
     for (int id : component_flows_) flow_of(id).fixed = false;
   }
@@ -424,19 +413,27 @@ class FlowSimulation {
         }
       }
       if (slot < 0) break;
-      for (int id : port_flows_[component_ports_[static_cast<std::size_t>(slot)]]) {
-        Flow& flow = flow_of(id);
-        if (flow.fixed) continue;
-        flow.fixed = true;
-        for (int port : ports_of(id)) {
-          const int other = port_slot_[port];
-          capacity_[other] -= share;
-          --unfixed_[other];
-        }
-        set_rate(id, share, now_s);
-      }
+      fix_flows_at(slot, share, now_s, [](int /*other*/) {});
     }
     for (int id : component_flows_) flow_of(id).fixed = false;
+  }
+
+  /// Fixes every transfer of component port `slot` not fixed yet at `share`, taking the
+  /// share off each of its ports; `changed(other)` is told each other port it took it off.
+  template <typename Changed>
+  void fix_flows_at(int slot, double share, Seconds now_s, Changed&& changed) {
+    for (int id : port_flows_[component_ports_[static_cast<std::size_t>(slot)]]) {
+      Flow& flow = flow_of(id);
+      if (flow.fixed) continue;
+      flow.fixed = true;
+      for (int port : ports_of(id)) {
+        const int other = port_slot_[port];
+        capacity_[other] -= share;
+        --unfixed_[other];
+        if (other != slot) changed(other);
+      }
+      set_rate(id, share, now_s);
+    }
   }
 
   /// A transfer's new rate and predicted finish; a finish event only when it comes earlier

@@ -28,6 +28,16 @@ TaskGraph random_graph(std::mt19937_64& rng, int port_count) {
   // Most transfers draw from a few busy ports, so components grow past any scan limit.
   const int busy_ports = uniform(1, std::min(port_count, 6));
   const auto port = [&] { return uniform(0, 3) == 0 ? uniform(0, busy_ports - 1) : uniform(0, port_count - 1); };
+  // One to `most` distinct ports (at most every port).
+  const auto distinct_ports = [&](int most) {
+    std::vector<int> ports;
+    const int count = uniform(1, std::min(most, port_count));
+    while (static_cast<int>(ports.size()) < count) {
+      const int p = port();
+      if (std::find(ports.begin(), ports.end(), p) == ports.end()) ports.push_back(p);
+    }
+    return ports;
+  };
   const int tasks = uniform(100, 500);
   for (int id = 0; id < tasks; ++id) {
     const auto dep = [&] { return id == 0 || uniform(0, 3) == 0 ? -1 : uniform(std::max(0, id - 40), id - 1); };
@@ -36,22 +46,12 @@ TaskGraph random_graph(std::mt19937_64& rng, int port_count) {
     if (kind < 6) {
       added = graph.add_compute(uniform(0, 15), 0, seconds(1e-3), {dep(), dep()}, name);
     } else if (kind < 17) {
-      std::vector<int> ports;
-      const int count = uniform(1, std::min(3, port_count));
-      while (static_cast<int>(ports.size()) < count) {
-        const int p = port();
-        if (std::find(ports.begin(), ports.end(), p) == ports.end()) ports.push_back(p);
-      }
+      const std::vector<int> ports = distinct_ports(3);
       const Seconds duration_s = uniform(0, 9) == 0 ? 0.0 : seconds(2e-3);
       added = graph.add_transfer(uniform(0, 15), uniform(0, 15), 0, duration_s, seconds(1e-4), ports,
                                  {dep(), dep()}, name);
     } else if (kind < 19) {
-      std::vector<int> ports;
-      const int count = uniform(1, std::min(6, port_count));
-      while (static_cast<int>(ports.size()) < count) {
-        const int p = port();
-        if (std::find(ports.begin(), ports.end(), p) == ports.end()) ports.push_back(p);
-      }
+      std::vector<int> ports = distinct_ports(6);
       std::sort(ports.begin(), ports.end());
       const std::vector<int> members = {uniform(0, 7), uniform(8, 15)};
       const std::vector<int> deps = {dep(), dep()};
