@@ -345,7 +345,8 @@ class FlowSimulation {
   /// holds it): the port with the smallest fair share (capacity left / transfers not yet
   /// fixed) fixes its transfers at that share. Fixing a transfer never lowers another
   /// port's share, so a min-heap with stale entries skipped finds the bottlenecks in
-  /// O((ports + transfers) log ports).
+  /// O((ports + transfers) log ports) (fill_by_heap); a component of at most
+  /// scanned_component_ports_ ports scans for them instead (fill_by_scanning).
   void fill_progressively(Seconds now_s) {
     if (component_flows_.size() == 1) {  // alone: full speed unless a collective holds a port
       const int id = component_flows_.front();
@@ -359,21 +360,29 @@ class FlowSimulation {
     const std::size_t ports = component_ports_.size();
     capacity_.assign(ports, 0.0);
     unfixed_.assign(ports, 0);
+    for (std::size_t i = 0; i < ports; ++i) {
+      const int port = component_ports_[i];
+      capacity_[i] = port_frozen_[port] > 0 ? 0.0 : 1.0;
+      unfixed_[i] = static_cast<int>(port_flows_[port].size());
+    }
     if (ports <= scanned_component_ports_) {
       fill_by_scanning(now_s);
-      return;
+    } else {
+      fill_by_heap(now_s);
     }
-    // A min-heap of (fair share, slot) in a reused vector; ties by slot.
+    for (int id : component_flows_) flow_of(id).fixed = false;
+  }
+
+  /// The bottlenecks from a min-heap of (fair share, slot) in a reused vector, ties by
+  /// slot, stale entries skipped.
+  void fill_by_heap(Seconds now_s) {
     auto& shares = shares_;
     shares.clear();
     const auto push = [&shares](double share, int slot) {
       shares.emplace_back(share, slot);
       std::push_heap(shares.begin(), shares.end(), std::greater<>());
     };
-    for (std::size_t i = 0; i < ports; ++i) {
-      const int port = component_ports_[i];
-      capacity_[i] = port_frozen_[port] > 0 ? 0.0 : 1.0;
-      unfixed_[i] = static_cast<int>(port_flows_[port].size());
+    for (std::size_t i = 0; i < component_ports_.size(); ++i) {
       if (unfixed_[i] > 0) push(capacity_[i] / unfixed_[i], static_cast<int>(i));
     }
     while (!shares.empty()) {
@@ -387,20 +396,13 @@ class FlowSimulation {
         if (unfixed_[other] > 0) push(std::max(0.0, capacity_[other]) / unfixed_[other], other);
       });
     }
-    for (int id : component_flows_) flow_of(id).fixed = false;
   }
 
-  /// fill_progressively() for a small component: the bottleneck port found by a scan over
-  /// the ports instead of a heap (fewer instructions on a few ports);
-  /// the same ports in the same order (the smallest share, ties: the lower slot), so the
-  /// same rates to the bit.
+  /// The bottlenecks by a scan over the ports instead of a heap (fewer instructions on a
+  /// few ports): the same ports in the same order (the smallest share, ties: the lower
+  /// slot), so the same rates to the bit.
   void fill_by_scanning(Seconds now_s) {
     const std::size_t ports = component_ports_.size();
-    for (std::size_t i = 0; i < ports; ++i) {
-      const int port = component_ports_[i];
-      capacity_[i] = port_frozen_[port] > 0 ? 0.0 : 1.0;
-      unfixed_[i] = static_cast<int>(port_flows_[port].size());
-    }
     for (;;) {
       int slot = -1;
       double share = 0;
@@ -415,7 +417,6 @@ class FlowSimulation {
       if (slot < 0) break;
       fix_flows_at(slot, share, now_s, [](int /*other*/) {});
     }
-    for (int id : component_flows_) flow_of(id).fixed = false;
   }
 
   /// Fixes every transfer of component port `slot` not fixed yet at `share`, taking the

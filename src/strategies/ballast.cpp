@@ -114,15 +114,11 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
       continue;
     }
     require_valid(plan, cost, fmt::format("{} (ballast's portfolio)", planner->name()));
-    if (!best) {
-      best_evaluation = evaluator.evaluate(plan);
-    } else {
-      // Listed before the best: a tie wins, so the bound lets the best's own step through.
-      const Seconds bound_s = std::nextafter(best_evaluation.step_time_s, kInfinity);
-      PlanEvaluation evaluation = evaluator.evaluate_below(plan, bound_s);
-      if (evaluation.step_time_s >= bound_s) continue;
-      best_evaluation = std::move(evaluation);
-    }
+    // Listed before the best: a tie wins, so the bound lets the best's own step through.
+    const Seconds bound_s = best ? std::nextafter(best_evaluation.step_time_s, kInfinity) : kInfinity;
+    PlanEvaluation evaluation = evaluator.evaluate_below(plan, bound_s);
+    if (evaluation.step_time_s >= bound_s) continue;
+    best_evaluation = std::move(evaluation);
     best = std::move(plan);
   }
   if (!best) {
