@@ -49,6 +49,12 @@ struct PlanEvaluation {
   /// communication compute does not hide (RankTimes busy_s + exposed_communication_s).
   /// Empty when the evaluator only predicts step times.
   std::vector<Seconds> rank_time_s;
+  /// Per rank, the same without the gradient sync: compute plus the exposed communication
+  /// of its micro-batches. Under the overlapped sync a rank that finishes early waits in
+  /// the sync's buckets for the slowest one; that wait counts in rank_time_s (as exposed
+  /// communication), not here, so this is what the rank could still take on. Empty
+  /// exactly when rank_time_s is.
+  std::vector<Seconds> rank_time_before_sync_s;
 };
 
 class PlanEvaluator {
@@ -66,7 +72,7 @@ class PlanEvaluator {
   /// step_time_s() and, where the evaluator knows them, the ranks' own times (one
   /// simulation for both with SimulatorEvaluator). Default: no rank times.
   virtual PlanEvaluation evaluate(const Plan& validated_plan) const {
-    return {step_time_s(validated_plan), {}};
+    return {step_time_s(validated_plan), {}, {}};
   }
   /// evaluate() when the step is below `bound_s`; otherwise a step_time_s >= bound_s and no
   /// later than the step, and rank times only if the evaluator has them (an evaluator may

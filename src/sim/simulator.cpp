@@ -54,21 +54,34 @@ Seconds overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) 
   return total;
 }
 
-/// Busy, communication and exposed communication of every rank from the timeline.
-void account_ranks(const sim::TaskGraph& graph, Seconds step_s, std::vector<RankTimes>& ranks) {
+/// Busy, communication and exposed communication of every rank from the timeline; with
+/// `before_sync_s`, also each rank's busy time plus the exposed communication of its
+/// micro-batches alone (the gradient sync's collectives, micro_batch -1, left out).
+void account_ranks(const sim::TaskGraph& graph, Seconds step_s, std::vector<RankTimes>& ranks,
+                   std::vector<Seconds>* before_sync_s = nullptr) {
   std::vector<std::vector<Interval>> compute(ranks.size());
   std::vector<std::vector<Interval>> communication(ranks.size());
+  std::vector<std::vector<Interval>> sync(ranks.size());
   for (int id = 0; id < graph.size(); ++id) {
     const sim::Task& task = graph.task(id);
     if (task.end_s <= task.start_s || task.kind == sim::TaskKind::join) continue;
-    auto& lists = task.kind == sim::TaskKind::compute ? compute : communication;
+    auto& lists = task.kind == sim::TaskKind::compute ? compute
+                  : task.micro_batch < 0              ? sync
+                                                      : communication;
     for (int rank : graph.parties(id)) lists[rank].emplace_back(task.start_s, task.end_s);
   }
+  if (before_sync_s != nullptr) before_sync_s->assign(ranks.size(), 0.0);
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const std::vector<Interval> busy = merged(std::move(compute[r]));
-    const std::vector<Interval> talking = merged(std::move(communication[r]));
     RankTimes& times = ranks[r];
     times.busy_s = measure(busy);
+    if (before_sync_s != nullptr) {
+      const std::vector<Interval> own = merged(communication[r]);
+      (*before_sync_s)[r] = times.busy_s + measure(own) - overlap(own, busy);
+    }
+    std::vector<Interval>& all = communication[r];
+    all.insert(all.end(), sync[r].begin(), sync[r].end());
+    const std::vector<Interval> talking = merged(std::move(all));
     times.communication_s = measure(talking);
     times.exposed_communication_s = times.communication_s - overlap(talking, busy);
     times.idle_s = std::max(0.0, step_s - times.busy_s - times.exposed_communication_s);
@@ -201,10 +214,10 @@ PlanEvaluation simulate_evaluation(const Plan& validated_plan, const CostModel& 
   const sim::LinkPorts ports(validated_plan.cluster);
   sim::TaskGraph graph(/*keep_names=*/false);
   sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph);
-  PlanEvaluation evaluation{graph.run_until(ports.count(), stop_at_s), {}};
+  PlanEvaluation evaluation{graph.run_until(ports.count(), stop_at_s), {}, {}};
   if (evaluation.step_time_s >= stop_at_s) return evaluation;
   std::vector<RankTimes> ranks(static_cast<std::size_t>(validated_plan.cluster.ranks()));
-  account_ranks(graph, evaluation.step_time_s, ranks);
+  account_ranks(graph, evaluation.step_time_s, ranks, &evaluation.rank_time_before_sync_s);
   evaluation.rank_time_s.reserve(ranks.size());
   for (const RankTimes& rank : ranks) {
     evaluation.rank_time_s.push_back(rank.busy_s + rank.exposed_communication_s);

@@ -145,6 +145,17 @@ constexpr long long kSidewaysPerRound = 4;
 /// larger: docs/strategies.md): candidates within it of the current step are sideways.
 constexpr double kEstimateResolution = 0.005;
 
+/// What a search phase takes for a rank's load (ballast.hpp, Loads).
+const std::vector<Seconds>& rank_times(const PlanEvaluation& evaluation, Loads loads) {
+  return loads == Loads::with_sync ? evaluation.rank_time_s : evaluation.rank_time_before_sync_s;
+}
+
+/// What the search may still spend: simulations and screened moves.
+struct SearchBudget {
+  long long simulations = 0;
+  long long screens = 0;
+};
+
 /// A candidate's share of the rank time it must save to be accepted at an equal step.
 constexpr double kSidewaysSavedShare = 1e-3;
 
@@ -152,12 +163,14 @@ constexpr double kSidewaysSavedShare = 1e-3;
 /// its ranks' times summed lower by more than kSidewaysSavedShare (a sideways move: a
 /// ring made cheaper off the critical path frees its members for the next move). The
 /// order (step, then summed rank time) is strict, so the search cannot cycle.
-bool better(const PlanEvaluation& candidate, const PlanEvaluation& current) {
+bool better(const PlanEvaluation& candidate, const PlanEvaluation& current, Loads loads) {
   if (candidate.step_time_s != current.step_time_s) return candidate.step_time_s < current.step_time_s;
-  if (candidate.rank_time_s.empty() || current.rank_time_s.empty()) return false;
+  const std::vector<Seconds>& candidate_times = rank_times(candidate, loads);
+  const std::vector<Seconds>& current_times = rank_times(current, loads);
+  if (candidate_times.empty() || current_times.empty()) return false;
   Seconds candidate_s = 0, current_s = 0;
-  for (Seconds time_s : candidate.rank_time_s) candidate_s += time_s;
-  for (Seconds time_s : current.rank_time_s) current_s += time_s;
+  for (Seconds time_s : candidate_times) candidate_s += time_s;
+  for (Seconds time_s : current_times) current_s += time_s;
   return candidate_s < (1 - kSidewaysSavedShare) * current_s;
 }
 
@@ -172,12 +185,12 @@ bool better(const PlanEvaluation& candidate, const PlanEvaluation& current) {
 /// a move the simulator would accept. Each candidate is simulated only until its step
 /// reaches what it must beat (evaluate_below); the rank times come with an accepted one. At
 /// most `budget` simulations and kScreenedMovesPerSimulation x budget screened moves.
-Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const PlanEvaluator& evaluator,
-             long long budget) {
-  long long screens_left = kScreenedMovesPerSimulation * budget;
-  long long simulations_left = budget;
+Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const PlanEvaluator& evaluator,
+             Loads loads, SearchBudget& budget) {
+  long long& screens_left = budget.screens;
+  long long& simulations_left = budget.simulations;
   PlanEstimate raw = estimate_plan(plan, cost, evaluator);
-  RankOffsets offsets = rank_offsets(raw, evaluation.rank_time_s);
+  RankOffsets offsets = rank_offsets(raw, rank_times(evaluation, loads));
   PlanEstimate estimate = anchored(raw, offsets);
   const auto offsets_of = [&](int m) -> const std::vector<Seconds>& {
     static const std::vector<Seconds> kNone;
@@ -185,7 +198,8 @@ Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const 
   };
   while (simulations_left > 0 && screens_left > 0) {
     std::vector<Move> moves = generate_moves(
-        plan, estimate, cost, static_cast<std::size_t>(std::min<long long>(screens_left, kMovesPerRound)));
+        plan, estimate, cost, static_cast<std::size_t>(std::min<long long>(screens_left, kMovesPerRound)),
+        loads);
     const Seconds current_s = estimate.step_time_s();
     // Per move: its anchored estimate of the step and of the summed rank time it frees.
     std::vector<Seconds> step_s(moves.size(), current_s);
@@ -236,7 +250,7 @@ Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const 
         }
         plan = std::move(candidate);
         evaluation = std::move(candidate_evaluation);
-        offsets = rank_offsets(raw, evaluation.rank_time_s);
+        offsets = rank_offsets(raw, rank_times(evaluation, loads));
         estimate = anchored(raw, offsets);
         return true;
       }
@@ -250,7 +264,7 @@ Plan improve(Plan plan, PlanEvaluation evaluation, const CostModel& cost, const 
         try_moves(by_step, kSimulationsPerRound, current_step_s,
                   [&](const PlanEvaluation& candidate) { return candidate.step_time_s < current_step_s; }) ||
         try_moves(sideways, kSidewaysPerRound, std::nextafter(current_step_s, kInfinity),
-                  [&](const PlanEvaluation& candidate) { return better(candidate, evaluation); });
+                  [&](const PlanEvaluation& candidate) { return better(candidate, evaluation, loads); });
     if (!accepted) break;
   }
   return plan;
@@ -305,7 +319,10 @@ class BallastPlanner final : public Planner {
     make_plan_skeleton(batch, cost, kName);  // the input checks, before any member runs
     PlanEvaluation evaluation;
     Plan best = best_of_portfolio(batch, cost, options, evaluator, evaluation);
-    return improve(std::move(best), std::move(evaluation), cost, evaluator, budget_of(options));
+    const long long budget = budget_of(options);
+    SearchBudget left{budget, kScreenedMovesPerSimulation * budget};
+    best = improve(std::move(best), evaluation, cost, evaluator, Loads::with_sync, left);
+    return improve(std::move(best), evaluation, cost, evaluator, Loads::before_sync, left);
   }
 };
 

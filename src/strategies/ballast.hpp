@@ -93,6 +93,8 @@ enum class MoveKind {
   split,           ///< (d) a multi-sequence group into two halves
   merge,           ///< (d) two groups of one scheme into one over their ranks
   to_micro_batch,  ///< (e) a sequence into another micro-batch
+  level,           ///< (a) local sequences from the slowest ranks to the least-loaded, many at once
+  grow,            ///< (d) a group over more ranks: the least-loaded of one node
   count,
 };
 const char* move_name(MoveKind kind);
@@ -105,13 +107,18 @@ struct Move {
   bool off_critical_path = false;
 };
 
+/// What the search takes for a rank's load: its time with the gradient sync's exposed
+/// part (PlanEvaluation::rank_time_s), or without it (rank_time_before_sync_s: what the
+/// rank could still take on before the sync).
+enum class Loads { with_sync, before_sync };
+
 /// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
 /// micro-batch (slowest first) around its slowest rank, then (e) between the slowest and
 /// the fastest micro-batch, at most `max_moves` of them; then, marked off_critical_path,
 /// (c) for every other multi-rank group of each micro-batch, at most `max_moves` more.
 /// Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
-                                 const CostModel& cost, std::size_t max_moves);
+                                 const CostModel& cost, std::size_t max_moves, Loads loads);
 
 /// `plan` with the move's micro-batches replaced.
 Plan apply_move(const Plan& plan, const Move& move);

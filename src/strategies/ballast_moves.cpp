@@ -2,6 +2,7 @@
 // each rewrites one or two micro-batches around a micro-batch's slowest rank, keeping
 // explicit queues consistent and the remap's layout rebuilt (or dropped) for what it moved.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "ballast.hpp"
@@ -16,6 +17,9 @@ namespace {
 /// Sequences of one kind a move tries per group (the longest ones, or those closest to
 /// the ideal amount to shift): more screens more moves for little gain.
 constexpr std::size_t kSequencesPerGroup = 3;
+constexpr Seconds kInfinity = std::numeric_limits<Seconds>::infinity();
+/// Sequences one level move shifts at most.
+constexpr int kMaxLevelMoves = 256;
 
 Tokens length_of(const Plan& plan, std::int64_t id) {
   return plan.sequence_lengths_tokens[static_cast<std::size_t>(id)];
@@ -224,8 +228,8 @@ std::vector<int> node_group_sizes(const Cluster& cluster) {
 class MoveGenerator {
  public:
   MoveGenerator(const Plan& plan, const PlanEstimate& estimate, const CostModel& cost,
-                std::size_t max_moves)
-      : plan_(plan), estimate_(estimate), cost_(cost), max_moves_(max_moves) {}
+                std::size_t max_moves, Loads loads)
+      : plan_(plan), estimate_(estimate), cost_(cost), max_moves_(max_moves), loads_(loads) {}
 
   std::vector<Move> run() {
     const std::vector<int> order = micro_batches_by_time();
@@ -268,6 +272,8 @@ class MoveGenerator {
     const int least = by_load.front();
     if (slowest == least) return;
     const Seconds gap_s = loads(m)[static_cast<std::size_t>(slowest)] - loads(m)[static_cast<std::size_t>(least)];
+    const bool before_sync = loads_ == Loads::before_sync;
+    if (before_sync) level(m);
     const auto& groups = micro_batch(m).groups;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const AttentionGroup& group = groups[g];
@@ -278,7 +284,43 @@ class MoveGenerator {
       if (!local) change_scheme(m, static_cast<int>(g));
       if (!local && group.sequences.size() >= 2) split(m, static_cast<int>(g));
       if (!local) merge(m, static_cast<int>(g));
+      if (!local && before_sync) grow(m, static_cast<int>(g));
     }
+  }
+
+  /// (d) Grow: the group over its ranks and the least-loaded ranks of one node outside it
+  /// (as many as it has, up to a node), under its scheme where the heads allow, else as a
+  /// ring and as USP; the added ranks keep their own groups (a level move can then take
+  /// their local sequences elsewhere).
+  void grow(int m, int g) {
+    const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
+    const Cluster& cluster = cost_.cluster();
+    std::vector<Seconds> load_s = loads(m);
+    for (int rank : group.ranks) load_s[static_cast<std::size_t>(rank)] = kInfinity;
+    const int count = std::min(static_cast<int>(group.ranks.size()), cluster.gpus_per_node);
+    std::vector<int> added = least_loaded_on_one_node(cluster, load_s, count);
+    if (added.empty()) return;
+    for (int rank : added) {
+      if (load_s[static_cast<std::size_t>(rank)] == kInfinity) return;  // no node had enough ranks outside
+    }
+    std::vector<int> ranks = group.ranks;
+    ranks.insert(ranks.end(), added.begin(), added.end());
+    std::sort(ranks.begin(), ranks.end());
+    const std::vector<std::int64_t> ids = ids_of(group);
+    const auto size = static_cast<int>(ranks.size());
+    const auto add_grown = [&](Scheme scheme, int degree) {
+      EditBuilder edit(plan_, m);
+      edit.erase_group(g);
+      edit.append_group(build_group(scheme, ranks, ids, plan_, degree));
+      add(MoveKind::grow, std::move(edit));
+    };
+    if (group.scheme == Scheme::ring || group.scheme == Scheme::all_gather ||
+        (group.scheme == Scheme::ulysses && ulysses_group_allowed(cost_, size))) {
+      add_grown(group.scheme, 1);
+      return;
+    }
+    add_grown(Scheme::ring, 1);
+    for (int degree : usp_degrees(ranks)) add_grown(Scheme::usp, degree);
   }
 
   /// Every multi-rank group of micro-batch m without its slowest rank under another scheme
@@ -294,6 +336,49 @@ class MoveGenerator {
       change_scheme(m, static_cast<int>(g));
       for (std::size_t i = first; i < moves_.size(); ++i) moves_[i].off_critical_path = true;
     }
+  }
+
+  /// Level: local sequences from the slowest rank to the least-loaded one, again and again
+  /// on the loads as the moves leave them (each sequence's local time, local_sequence_time_s),
+  /// while the slowest rank has a local sequence whose move lowers the larger of the two
+  /// ranks' loads: one move where the step is set by many ranks of about the same load, which
+  /// no single move_local can lower.
+  void level(int m) {
+    std::vector<Seconds> load_s = loads(m);
+    EditBuilder edit(plan_, m);
+    int moved = 0;
+    for (int round = 0; round < kMaxLevelMoves; ++round) {
+      const std::vector<int> by_load = ranks_by_load(load_s);
+      const int slowest = by_load.back();
+      const int least = by_load.front();
+      const Seconds gap_s = load_s[static_cast<std::size_t>(slowest)] - load_s[static_cast<std::size_t>(least)];
+      const auto& groups = edit.micro_batch().groups;
+      int local = -1;
+      for (std::size_t g = 0; g < groups.size() && local < 0; ++g) {
+        if (groups[g].scheme == Scheme::local && groups[g].ranks.front() == slowest) local = static_cast<int>(g);
+      }
+      if (local < 0) break;
+      const AttentionGroup& group = groups[static_cast<std::size_t>(local)];
+      std::size_t best = group.sequences.size();
+      Seconds best_s = 0, best_miss_s = 0;
+      for (std::size_t s = 0; s < group.sequences.size(); ++s) {
+        const Seconds time_s = local_sequence_time_s(cost_, length_of(plan_, group.sequences[s].sequence_id));
+        if (time_s >= gap_s) continue;  // would leave the least-loaded rank at least as slow
+        const Seconds miss_s = std::abs(time_s - gap_s / 2);
+        if (best == group.sequences.size() || miss_s < best_miss_s) {
+          best = s;
+          best_s = time_s;
+          best_miss_s = miss_s;
+        }
+      }
+      if (best == group.sequences.size()) break;
+      const std::int64_t id = edit.take_sequence(local, best);
+      edit.add_local(least, id);
+      load_s[static_cast<std::size_t>(slowest)] -= best_s;
+      load_s[static_cast<std::size_t>(least)] += best_s;
+      ++moved;
+    }
+    if (moved >= 2) add(MoveKind::level, std::move(edit));
   }
 
   /// (a) A sequence of the slowest rank's local group to the least-loaded rank, the ones
@@ -488,6 +573,7 @@ class MoveGenerator {
   const PlanEstimate& estimate_;
   const CostModel& cost_;
   std::size_t max_moves_;
+  Loads loads_;
   std::vector<Move> moves_;
 };
 
@@ -507,6 +593,10 @@ const char* move_name(MoveKind kind) {
       return "merge";
     case MoveKind::to_micro_batch:
       return "to-micro-batch";
+    case MoveKind::level:
+      return "level";
+    case MoveKind::grow:
+      return "grow";
     case MoveKind::count:
       break;
   }
@@ -514,8 +604,8 @@ const char* move_name(MoveKind kind) {
 }
 
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
-                                 const CostModel& cost, std::size_t max_moves) {
-  return MoveGenerator(plan, estimate, cost, max_moves).run();
+                                 const CostModel& cost, std::size_t max_moves, Loads loads) {
+  return MoveGenerator(plan, estimate, cost, max_moves, loads).run();
 }
 
 Plan apply_move(const Plan& plan, const Move& move) {

@@ -8,6 +8,8 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ballast/simulator.hpp"
 #include "sim/sim_fixtures.hpp"
@@ -246,6 +248,46 @@ TEST(SimulatorRandom, UspLowerBoundHolds) {
   EXPECT_GT(usp_groups, 20);
 }
 
+/// Measure of the union of [start, end) intervals (sorted and merged here, independently
+/// of the simulator's accounting).
+Seconds union_measure(std::vector<std::pair<Seconds, Seconds>> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  Seconds total = 0, end = -1;
+  for (const auto& [a, b] : intervals) {
+    if (a > end) {
+      total += b - a;
+      end = b;
+    } else if (b > end) {
+      total += b - end;
+      end = b;
+    }
+  }
+  return total;
+}
+
+/// Per rank, from the trace: busy time plus the communication of its micro-batches that
+/// no compute hides (the gradient sync, micro_batch -1, left out); exposed = |comm u busy|
+/// - |busy|.
+std::vector<Seconds> time_before_sync_from_trace(const SimulationReport& report) {
+  std::vector<std::vector<std::pair<Seconds, Seconds>>> busy(report.ranks.size()), both(report.ranks.size());
+  for (const TraceEvent& event : report.trace) {
+    if (event.duration_s <= 0) continue;
+    const std::pair<Seconds, Seconds> interval{event.start_s, event.start_s + event.duration_s};
+    const auto r = static_cast<std::size_t>(event.rank);
+    if (event.lane == "compute") {
+      busy[r].push_back(interval);
+      both[r].push_back(interval);
+    } else if (event.micro_batch >= 0) {
+      both[r].push_back(interval);
+    }
+  }
+  std::vector<Seconds> times;
+  for (std::size_t r = 0; r < report.ranks.size(); ++r) {
+    times.push_back(union_measure(busy[r]) + (union_measure(both[r]) - union_measure(busy[r])));
+  }
+  return times;
+}
+
 TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
   // SimulatorEvaluator's step-only path (no report), evaluate() and their early stops
   // against simulate(): the same step and rank times to the last bit; below a bound the
@@ -256,6 +298,7 @@ TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
   cluster.nodes = 2;
   int stopped_early = 0;
   int checked = 0;
+  int waits_in_sync = 0;  // ranks whose time the gradient sync's wait lengthens
   for (const char* name : {"llama-7b", "llama3-8b"}) {
     const AnalyticalCostModel cost(cluster, model_preset(name));
     for (const GradientSync sync : {GradientSync::overlap, GradientSync::end}) {
@@ -274,6 +317,17 @@ TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
         const PlanEvaluation evaluation = evaluator.evaluate(plan);
         EXPECT_EQ(evaluation.step_time_s, step_s);
         EXPECT_EQ(evaluation.rank_time_s, rank_time_s);
+        // rank_time_before_sync_s: the same without the gradient sync, from the trace (its
+        // ends are start + duration, so equal to rounding); never above rank_time_s, and
+        // below it on some rank when the sync overlaps the backward pass.
+        const SimulationReport traced = simulate(plan, cost, {.record_trace = true, .gradient_sync = sync});
+        const std::vector<Seconds> before_sync_s = time_before_sync_from_trace(traced);
+        ASSERT_EQ(evaluation.rank_time_before_sync_s.size(), before_sync_s.size());
+        for (std::size_t r = 0; r < before_sync_s.size(); ++r) {
+          EXPECT_NEAR(evaluation.rank_time_before_sync_s[r], before_sync_s[r], 1e-9 * step_s) << "rank " << r;
+          EXPECT_LE(evaluation.rank_time_before_sync_s[r], rank_time_s[r] * (1 + 1e-12)) << "rank " << r;
+          waits_in_sync += evaluation.rank_time_before_sync_s[r] < rank_time_s[r] - 1e-6 * step_s ? 1 : 0;
+        }
         const Seconds infinity = std::numeric_limits<Seconds>::infinity();
         for (const Seconds bound_s : {infinity, 1.5 * step_s, std::nextafter(step_s, infinity),
                                       step_s, 0.999 * step_s, 0.5 * step_s, 0.01 * step_s, 0.0}) {
@@ -285,10 +339,12 @@ TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
           if (step_s < bound_s) {
             EXPECT_EQ(got_s, step_s) << "bound " << bound_s;
             EXPECT_EQ(below.rank_time_s, rank_time_s) << "bound " << bound_s;
+            EXPECT_EQ(below.rank_time_before_sync_s, evaluation.rank_time_before_sync_s) << "bound " << bound_s;
           } else {
             EXPECT_GE(got_s, bound_s);
             EXPECT_LE(got_s, step_s);
             EXPECT_TRUE(below.rank_time_s.empty()) << "bound " << bound_s;
+            EXPECT_TRUE(below.rank_time_before_sync_s.empty()) << "bound " << bound_s;
             stopped_early += got_s < step_s;
           }
         }
@@ -297,6 +353,7 @@ TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
   }
   EXPECT_EQ(checked, 2 * 2 * 12 * 8);
   EXPECT_GT(stopped_early, 2 * 2 * 12);  // the stop runs, not only the full simulation
+  EXPECT_GT(waits_in_sync, 0);
 }
 
 TEST(SimulatorRandom, UspOfOneStageOrOneRankPerStageCostsUlyssesOrRing) {

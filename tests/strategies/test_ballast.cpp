@@ -154,7 +154,11 @@ TEST(BallastEstimate, IncrementalEqualsFromScratch) {
         if (!plan_or) continue;
         const Plan& plan = *plan_or;
         const PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
-        for (const Move& move : generate_moves(plan, estimate, cost, 64)) {
+        std::vector<Move> moves = generate_moves(plan, estimate, cost, 64, Loads::with_sync);
+        for (Move& move : generate_moves(plan, estimate, cost, 64, Loads::before_sync)) {
+          moves.push_back(std::move(move));
+        }
+        for (const Move& move : moves) {
           for (const MicroBatchEdit& edit : move.edits) {
             const auto& before = estimate.micro_batches[static_cast<std::size_t>(edit.index)];
             const MicroBatchEstimate incremental =
@@ -228,9 +232,11 @@ TEST(BallastMoves, MostMovesGiveValidPlans) {
       if (!plan_or) continue;
       const Plan& plan = *plan_or;
       const PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
-      for (const Move& move : generate_moves(plan, estimate, cost, 64)) {
-        ++total;
-        valid += validate(apply_move(plan, move), cost).ok ? 1 : 0;
+      for (const Loads loads : {Loads::with_sync, Loads::before_sync}) {
+        for (const Move& move : generate_moves(plan, estimate, cost, 64, loads)) {
+          ++total;
+          valid += validate(apply_move(plan, move), cost).ok ? 1 : 0;
+        }
       }
     }
   }
@@ -254,7 +260,7 @@ TEST(BallastMoves, UspMovesValidateAndTheirEstimateAgreesWithTheSimulator) {
     const Plan plan = find_planner("static-cp").plan(batch, cost, options, evaluator);
     const PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
     // The ring holds the slowest rank (every rank): (c) offers USP on it.
-    for (const Move& move : generate_moves(plan, estimate, cost, 64)) {
+    for (const Move& move : generate_moves(plan, estimate, cost, 64, Loads::with_sync)) {
       const Plan moved = apply_move(plan, move);
       const AttentionGroup& group = moved.micro_batches.front().groups.front();
       if (group.scheme != Scheme::usp) continue;
@@ -273,6 +279,98 @@ TEST(BallastMoves, UspMovesValidateAndTheirEstimateAgreesWithTheSimulator) {
     }
   }
   EXPECT_GE(checked, 4);
+}
+
+/// The moves of `plan` a search phase on `loads` generates, from the estimate anchored to
+/// the plan's simulation (as improve() runs them).
+std::vector<Move> moves_of(const Plan& plan, const CostModel& cost, const SimulatorEvaluator& evaluator,
+                           Loads loads) {
+  const PlanEvaluation evaluation = evaluator.evaluate(plan);
+  const PlanEstimate raw = estimate_plan(plan, cost, evaluator);
+  const std::vector<Seconds>& times =
+      loads == Loads::with_sync ? evaluation.rank_time_s : evaluation.rank_time_before_sync_s;
+  return generate_moves(plan, anchored(raw, rank_offsets(raw, times)), cost, 256, loads);
+}
+
+/// The first move of `kind` (nullptr: none).
+const Move* find_move(const std::vector<Move>& moves, MoveKind kind) {
+  const auto it = std::find_if(moves.begin(), moves.end(), [&](const Move& move) { return move.kind == kind; });
+  return it == moves.end() ? nullptr : &*it;
+}
+
+// Level: where the step is set by many ranks of one load (eight ranks with four local
+// documents each, eight with one), no single move_local lowers it; the level move shifts
+// a document from each of them at once and does. Only the second phase (loads before the
+// gradient sync) generates it.
+TEST(BallastMoves, LevelLowersAStepManyRanksSet) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  std::vector<Tokens> lengths(40, 2000);
+  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  MicroBatch& micro_batch = plan.micro_batches.emplace_back();
+  for (int rank = 0; rank < 16; ++rank) {
+    AttentionGroup group;
+    group.scheme = Scheme::local;
+    group.ranks = {rank};
+    const std::vector<std::int64_t> ids =
+        rank < 8 ? std::vector<std::int64_t>{4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3}
+                 : std::vector<std::int64_t>{32 + rank - 8};
+    for (std::int64_t id : ids) group.sequences.push_back(whole_sequence(id, 2000, rank));
+    micro_batch.groups.push_back(group);
+  }
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  const std::vector<Move> first_phase = moves_of(plan, cost, evaluator, Loads::with_sync);
+  EXPECT_EQ(find_move(first_phase, MoveKind::level), nullptr);
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::before_sync);
+  for (const Move& move : moves) {
+    if (move.kind != MoveKind::move_local) continue;
+    EXPECT_GE(simulate(apply_move(plan, move), cost).step_time_s, step_s * (1 - 1e-9));
+  }
+  const Move* level = find_move(moves, MoveKind::level);
+  ASSERT_NE(level, nullptr);
+  const Plan leveled = apply_move(plan, *level);
+  ASSERT_TRUE(validate(leveled, cost).ok) << validate(leveled, cost).message;
+  // Each of the eight heavy ranks hands one document to a light one: three documents at
+  // most per rank (the 40 cannot go 2.5 a rank), and a shorter step (the gradient sync,
+  // the same for both plans, is a large part of it).
+  std::vector<int> documents(16, 0);
+  for (const AttentionGroup& group : leveled.micro_batches.front().groups) {
+    documents[static_cast<std::size_t>(group.ranks.front())] += static_cast<int>(group.sequences.size());
+  }
+  EXPECT_EQ(*std::max_element(documents.begin(), documents.end()), 3);
+  EXPECT_EQ(*std::min_element(documents.begin(), documents.end()), 2);
+  const Seconds leveled_s = simulate(leveled, cost).step_time_s;
+  std::printf("level: %.4f s -> %.4f s\n", step_s, leveled_s);
+  EXPECT_LT(leveled_s, 0.97 * step_s);
+}
+
+// Grow: a ring holding the slowest ranks over the least-loaded ranks of another node as
+// well (here idle ones): a valid plan, faster.
+TEST(BallastMoves, GrowTakesTheLeastLoadedRanksOfANode) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  Plan plan = make_plan_skeleton(make_batch({48'000}), cost, "ballast");
+  AttentionGroup ring;
+  ring.scheme = Scheme::ring;
+  ring.ranks = consecutive_ranks(0, 8);
+  ring.sequences.push_back({0, 48'000, zigzag_chunks_unpadded(48'000, ring.ranks)});
+  plan.micro_batches.emplace_back().groups.push_back(ring);
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const std::vector<Move> first_phase = moves_of(plan, cost, evaluator, Loads::with_sync);
+  EXPECT_EQ(find_move(first_phase, MoveKind::grow), nullptr);
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::before_sync);
+  const Move* grow = find_move(moves, MoveKind::grow);
+  ASSERT_NE(grow, nullptr);
+  const Plan grown = apply_move(plan, *grow);
+  ASSERT_TRUE(validate(grown, cost).ok) << validate(grown, cost).message;
+  const AttentionGroup& group = grown.micro_batches.front().groups.front();
+  EXPECT_EQ(group.scheme, Scheme::ring);
+  EXPECT_EQ(group.ranks, consecutive_ranks(0, 16));
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  const Seconds grown_s = simulate(grown, cost).step_time_s;
+  std::printf("grow: %.4f s -> %.4f s\n", step_s, grown_s);
+  EXPECT_LT(grown_s, step_s);
 }
 
 // ballast's plan: valid, byte-identical when planned again, never slower than any member
