@@ -95,6 +95,7 @@ enum class MoveKind {
   to_micro_batch,  ///< (e) a sequence into another micro-batch
   level,           ///< (a) local sequences from the slowest ranks to the least-loaded, many at once
   grow,            ///< (d) a group over more ranks: the least-loaded of one node
+  dissolve,        ///< (d) a group's sequences local on its ranks (or all but its longest)
   count,
 };
 const char* move_name(MoveKind kind);

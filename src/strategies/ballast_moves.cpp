@@ -285,6 +285,43 @@ class MoveGenerator {
       if (!local && group.sequences.size() >= 2) split(m, static_cast<int>(g));
       if (!local) merge(m, static_cast<int>(g));
       if (!local && before_sync) grow(m, static_cast<int>(g));
+      if (!local && before_sync && group.sequences.size() >= 2) dissolve(m, static_cast<int>(g));
+    }
+  }
+
+  /// (h) Dissolve: a multi-sequence group's sequences local on its ranks, dealt longest
+  /// local time first to the rank with the least so far (no communication at all); and the
+  /// same with the longest sequence kept as the group (its scheme, its ranks), the others
+  /// dealt around it. validate() rejects what a rank cannot hold.
+  void dissolve(int m, int g) {
+    const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
+    std::vector<std::pair<Seconds, std::int64_t>> by_time;
+    for (const SequenceChunks& sequence : group.sequences) {
+      by_time.emplace_back(local_sequence_time_s(cost_, length_of(plan_, sequence.sequence_id)), sequence.sequence_id);
+    }
+    std::stable_sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const bool keep_longest : {false, true}) {
+      EditBuilder edit(plan_, m);
+      edit.erase_group(g);
+      std::vector<Seconds> dealt_s(group.ranks.size(), 0.0);
+      std::size_t first = 0;
+      if (keep_longest) {
+        AttentionGroup kept = group;
+        kept.sequences.clear();
+        for (const SequenceChunks& sequence : group.sequences) {
+          if (sequence.sequence_id == by_time.front().second) kept.sequences.push_back(sequence);
+        }
+        if (kept.scheme == Scheme::ulysses) kept = build_group(Scheme::ulysses, kept.ranks, ids_of(kept), plan_);
+        edit.append_group(std::move(kept));
+        first = 1;
+      }
+      for (std::size_t i = first; i < by_time.size(); ++i) {
+        const auto least = static_cast<std::size_t>(
+            std::min_element(dealt_s.begin(), dealt_s.end()) - dealt_s.begin());
+        edit.add_local(group.ranks[least], by_time[i].second);
+        dealt_s[least] += by_time[i].first;
+      }
+      add(MoveKind::dissolve, std::move(edit));
     }
   }
 
@@ -334,6 +371,7 @@ class MoveGenerator {
       if (groups[g].ranks.size() < 2 || holds_rank(groups[g], slowest)) continue;
       const std::size_t first = moves_.size();
       change_scheme(m, static_cast<int>(g));
+      if (loads_ == Loads::before_sync && groups[g].sequences.size() >= 2) dissolve(m, static_cast<int>(g));
       for (std::size_t i = first; i < moves_.size(); ++i) moves_[i].off_critical_path = true;
     }
   }
@@ -597,6 +635,8 @@ const char* move_name(MoveKind kind) {
       return "level";
     case MoveKind::grow:
       return "grow";
+    case MoveKind::dissolve:
+      return "dissolve";
     case MoveKind::count:
       break;
   }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -371,6 +372,68 @@ TEST(BallastMoves, GrowTakesTheLeastLoadedRanksOfANode) {
   const Seconds grown_s = simulate(grown, cost).step_time_s;
   std::printf("grow: %.4f s -> %.4f s\n", step_s, grown_s);
   EXPECT_LT(grown_s, step_s);
+}
+
+// Dissolve: a ring of sixteen short documents over eight ranks (the slowest: every step
+// of the ring moves KV) becomes local documents, two per rank, no communication; the
+// second variant keeps the longest in the ring. Only the second phase generates it.
+TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  std::vector<Tokens> lengths(16, 2000);
+  lengths[5] = 3000;  // the longest, kept by the second variant
+  for (int rank = 8; rank < 16; ++rank) lengths.push_back(1000);
+  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  MicroBatch& micro_batch = plan.micro_batches.emplace_back();
+  AttentionGroup ring;
+  ring.scheme = Scheme::ring;
+  ring.ranks = consecutive_ranks(0, 8);
+  for (std::int64_t id = 0; id < 16; ++id) {
+    ring.sequences.push_back({id, lengths[static_cast<std::size_t>(id)],
+                              zigzag_chunks_unpadded(lengths[static_cast<std::size_t>(id)], ring.ranks)});
+  }
+  micro_batch.groups.push_back(ring);
+  for (int rank = 8; rank < 16; ++rank) {
+    AttentionGroup local;
+    local.scheme = Scheme::local;
+    local.ranks = {rank};
+    local.sequences.push_back(whole_sequence(16 + rank - 8, 1000, rank));
+    micro_batch.groups.push_back(local);
+  }
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const std::vector<Move> first_phase = moves_of(plan, cost, evaluator, Loads::with_sync);
+  EXPECT_EQ(find_move(first_phase, MoveKind::dissolve), nullptr);
+  std::vector<const Move*> dissolves;
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::before_sync);
+  for (const Move& move : moves) {
+    if (move.kind == MoveKind::dissolve) dissolves.push_back(&move);
+  }
+  ASSERT_EQ(dissolves.size(), 2u);
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  for (std::size_t variant = 0; variant < 2; ++variant) {
+    const Plan dissolved = apply_move(plan, *dissolves[variant]);
+    ASSERT_TRUE(validate(dissolved, cost).ok) << validate(dissolved, cost).message;
+    std::vector<int> documents(8, 0);
+    int rings = 0;
+    for (const AttentionGroup& group : dissolved.micro_batches.front().groups) {
+      if (group.scheme == Scheme::ring) {
+        ++rings;
+        ASSERT_EQ(group.sequences.size(), 1u);
+        EXPECT_EQ(group.sequences.front().sequence_id, 5);
+      } else if (group.ranks.front() < 8) {
+        documents[static_cast<std::size_t>(group.ranks.front())] += static_cast<int>(group.sequences.size());
+      }
+    }
+    EXPECT_EQ(rings, variant == 0 ? 0 : 1);
+    // All 16 (or the 15 besides the longest) dealt by local time: at most two a rank.
+    EXPECT_EQ(std::accumulate(documents.begin(), documents.end(), 0), variant == 0 ? 16 : 15);
+    EXPECT_EQ(*std::max_element(documents.begin(), documents.end()), 2);
+    const Seconds dissolved_s = simulate(dissolved, cost).step_time_s;
+    std::printf("dissolve (variant %zu): %.4f s -> %.4f s\n", variant, step_s, dissolved_s);
+    if (variant == 0) {
+      EXPECT_LT(dissolved_s, step_s);
+    }
+  }
 }
 
 // ballast's plan: valid, byte-identical when planned again, never slower than any member
