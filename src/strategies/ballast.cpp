@@ -180,11 +180,13 @@ bool better(const PlanEvaluation& candidate, const PlanEvaluation& current, Load
 /// kSimulationsPerRound the anchored estimate finds fastest (ties: generation order) until
 /// one simulates faster than the current plan, then, if none did, up to kSidewaysPerRound
 /// sideways ones until one is better() (accepted: the next round starts from it); a round
-/// that accepts none ends the search (the same plan would give the same moves). The
+/// that accepts none ends the phase (the same plan would give the same moves). The
 /// estimate only orders the candidates: it is too coarse (docs/strategies.md) to rule out
 /// a move the simulator would accept. Each candidate is simulated only until its step
-/// reaches what it must beat (evaluate_below); the rank times come with an accepted one. At
-/// most `budget` simulations and kScreenedMovesPerSimulation x budget screened moves.
+/// reaches what it must beat (evaluate_below); the rank times come with an accepted one.
+/// One phase of the search: ranks' loads as `loads` says (and the moves it adds), spending
+/// from `budget` (what is left goes to the next phase); `evaluation` is the plan's on entry
+/// and the returned plan's on exit.
 Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const PlanEvaluator& evaluator,
              Loads loads, SearchBudget& budget) {
   long long& screens_left = budget.screens;

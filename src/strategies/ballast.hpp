@@ -117,6 +117,7 @@ enum class Loads { with_sync, before_sync };
 /// micro-batch (slowest first) around its slowest rank, then (e) between the slowest and
 /// the fastest micro-batch, at most `max_moves` of them; then, marked off_critical_path,
 /// (c) for every other multi-rank group of each micro-batch, at most `max_moves` more.
+/// With Loads::before_sync also level, grow and dissolve (off the critical path too).
 /// Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
