@@ -75,11 +75,12 @@ void account_ranks(const sim::TaskGraph& graph, Seconds step_s, std::vector<Rank
     const std::vector<Interval> busy = merged(std::move(compute[r]));
     RankTimes& times = ranks[r];
     times.busy_s = measure(busy);
-    if (before_sync_s != nullptr) {
-      const std::vector<Interval> own = merged(communication[r]);
-      (*before_sync_s)[r] = times.busy_s + measure(own) - overlap(own, busy);
-    }
     std::vector<Interval>& all = communication[r];
+    if (before_sync_s != nullptr) {
+      // Merged in place: merging it again with the sync's intervals gives the same union.
+      all = merged(std::move(all));
+      (*before_sync_s)[r] = times.busy_s + measure(all) - overlap(all, busy);
+    }
     all.insert(all.end(), sync[r].begin(), sync[r].end());
     const std::vector<Interval> talking = merged(std::move(all));
     times.communication_s = measure(talking);
