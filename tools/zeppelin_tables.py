@@ -68,7 +68,8 @@ listing = subprocess.run([ballast, "list", "scenarios"], check=True, capture_out
 names = [line.split()[0] for line in listing.splitlines()
          if line.strip().startswith("zeppelin-")]
 main = [n for n in names if not n.startswith("zeppelin-scale-") and not n.endswith("-cp16")
-        and not re.search(r"-tp[0-9]+$", n)]  # tensor parallelism: docs/zeppelin.md's own TP tables
+        and not re.search(r"-tp[0-9]+$", n)  # tensor parallelism: docs/zeppelin.md's own TP tables
+        and "-h800-" not in n]  # cluster B runs no LLaMA CP: in the gap split and RESULTS.md only
 scale = [n for n in names if n.startswith("zeppelin-scale-")]
 rings16 = [n for n in names if n.endswith("-cp16")]
 total = len(names) + 1  # and the ablation ladder

@@ -64,6 +64,11 @@ struct LowerBound {
   /// With GradientSync::overlap, all the gradient buckets back to back (the simulator runs
   /// them one after another); 0 otherwise or for an empty batch.
   Seconds gradient_buckets_s = 0;
+  /// With GradientSync::overlap, the earliest the first bucket can start: every rank's
+  /// forward work and 1 / B of its last backward pass, at the compute floors, averaged
+  /// over ranks (the bucket waits for all of them); 0 otherwise or for an empty batch.
+  /// The step is at least this plus gradient_buckets_s.
+  Seconds first_bucket_ready_s = 0;
   std::string binding;             ///< which term dominates, in words
 };
 

@@ -168,6 +168,7 @@ class LowerBound:
     min_micro_batches: int
     longest_sequence_s: float
     gradient_buckets_s: float
+    first_bucket_ready_s: float
     binding: str
 
 class RankTimes:

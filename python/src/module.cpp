@@ -497,6 +497,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def_readonly("min_micro_batches", &LowerBound::min_micro_batches)
       .def_readonly("longest_sequence_s", &LowerBound::longest_sequence_s)
       .def_readonly("gradient_buckets_s", &LowerBound::gradient_buckets_s)
+      .def_readonly("first_bucket_ready_s", &LowerBound::first_bucket_ready_s)
       .def_readonly("binding", &LowerBound::binding);
   py::class_<RankTimes>(m, "RankTimes", "One rank's simulated step: busy, communication, exposed communication, idle, peak memory.")
       .def_readonly("busy_s", &RankTimes::busy_s)

@@ -24,6 +24,7 @@ nlohmann::ordered_json report_to_json(const SimulationReport& report) {
                          {"min_micro_batches", report.lower_bound.min_micro_batches},
                          {"longest_sequence_s", report.lower_bound.longest_sequence_s},
                          {"gradient_buckets_s", report.lower_bound.gradient_buckets_s},
+                         {"first_bucket_ready_s", report.lower_bound.first_bucket_ready_s},
                          {"binding", report.lower_bound.binding}};
   json["imbalance"] = report.imbalance;
   json["exposed_comm_fraction"] = report.exposed_communication_fraction;

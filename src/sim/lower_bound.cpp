@@ -51,6 +51,30 @@ Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel&
   return total_s;
 }
 
+/// The compute floors of total_compute_s() split by pass, summed over sequences (TP and
+/// expert collectives left out): `forward_s` = linear layers and attention in one forward
+/// pass (every plan runs all of it before its last micro-batch's backward pass);
+/// `backward_s` = the backward pass plus, under full recomputation, the rerun forward (the
+/// simulator counts both as backward time for the gradient buckets).
+struct PassFloors {
+  Seconds forward_s = 0;
+  Seconds backward_s = 0;
+};
+
+PassFloors pass_floors(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
+  const double reruns = cost.model().forward_passes() - 1.0;
+  PassFloors floors;
+  for (Tokens length : lengths_tokens) {
+    const Tokens padded = padded_length_tokens(length, cost.cluster().ranks());
+    const Seconds forward_s = cost.linear_time_s(length, Pass::forward) +
+                              cost.attention_document_floor_s(length, padded, Pass::forward);
+    floors.forward_s += forward_s;
+    floors.backward_s += reruns * forward_s + cost.linear_time_s(length, Pass::backward) +
+                         cost.attention_document_floor_s(length, padded, Pass::backward);
+  }
+  return floors;
+}
+
 /// The fastest a GPU (a rank) can receive, over any link the simulator models: the best of
 /// NVLink point-to-point and every node-local collective's bus bandwidth, plus its NIC
 /// (a routed transfer arrives over both at once).
@@ -233,14 +257,20 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
     bound.binding = "memory-forced micro-batches";
   }
   bound.time_s = std::max({spread_s, fullest_s, bound.longest_sequence_s}) + bound.gradient_sync_s;
-  // Overlapped, the buckets still run one after another (each waits for the previous), so
-  // the step holds all of them: what binds when little compute is left to hide them under.
+  // Overlapped, the buckets still run one after another (each waits for the previous), and
+  // the first waits until every rank has run its whole forward work and 1 / B of its last
+  // backward pass (docs/simulator.md section 7): what binds when the backward pass is too
+  // short to hide the sync.
   if (gradient_sync == GradientSync::overlap && total_tokens > 0) {
     const int buckets = gradient_sync_buckets(cost.model());
     bound.gradient_buckets_s = buckets * cost.gradient_bucket_sync_time_s(buckets);
-    if (bound.gradient_buckets_s > bound.time_s) {
-      bound.time_s = bound.gradient_buckets_s;
-      bound.binding = fmt::format("the gradient sync's {} buckets, one after another", buckets);
+    const PassFloors floors = pass_floors(lengths_tokens, cost);
+    bound.first_bucket_ready_s = (floors.forward_s + floors.backward_s / buckets) / ranks;
+    const Seconds sync_bound_s = bound.first_bucket_ready_s + bound.gradient_buckets_s;
+    // One bucket is the last, after every rank's program: the spread's term has it.
+    if (buckets > 1 && sync_bound_s > bound.time_s) {
+      bound.time_s = sync_bound_s;
+      bound.binding = fmt::format("the gradient sync's {} buckets after the forward pass", buckets);
     }
   }
   return bound;

@@ -220,10 +220,18 @@ TEST(LowerBound, OverlappedGradientBucketsRunBackToBack) {
   ASSERT_EQ(buckets, 32);
   const LowerBound bound = lower_bound(lengths, *cost);
   EXPECT_NEAR(bound.gradient_buckets_s, 32 * cost->gradient_bucket_sync_time_s(32), 1e-12);
-  EXPECT_NEAR(bound.time_s, bound.gradient_buckets_s, 1e-12);
-  EXPECT_EQ(bound.binding, "the gradient sync's 32 buckets, one after another");
+  // The first bucket waits for the forward pass and 1/32 of the backward, over 64 ranks.
+  const Tokens padded = 4096 + 1024;
+  const Seconds forward_s = cost->linear_time_s(4096, Pass::forward) +
+                            cost->attention_document_floor_s(4096, padded, Pass::forward);
+  const Seconds backward_s = cost->linear_time_s(4096, Pass::backward) +
+                             cost->attention_document_floor_s(4096, padded, Pass::backward);
+  EXPECT_NEAR(bound.first_bucket_ready_s, (forward_s + backward_s / 32) / 64, 1e-12);
+  EXPECT_NEAR(bound.time_s, bound.first_bucket_ready_s + bound.gradient_buckets_s, 1e-12);
+  EXPECT_EQ(bound.binding, "the gradient sync's 32 buckets after the forward pass");
   EXPECT_GT(bound.time_s, 10 * (bound.compute_per_rank_s + bound.gradient_sync_s));
   EXPECT_EQ(lower_bound(lengths, *cost, GradientSync::end).gradient_buckets_s, 0.0);
+  EXPECT_EQ(lower_bound(lengths, *cost, GradientSync::end).first_bucket_ready_s, 0.0);
   // The longest sequence's term is computed (and is below the spread here: docs/simulator.md).
   EXPECT_GT(bound.longest_sequence_s, 0.0);
   Plan plan = testing::empty_plan(*cost, lengths);
