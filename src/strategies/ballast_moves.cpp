@@ -20,6 +20,15 @@ constexpr std::size_t kSequencesPerGroup = 3;
 constexpr Seconds kInfinity = std::numeric_limits<Seconds>::infinity();
 /// Sequences one level move shifts at most.
 constexpr int kMaxLevelMoves = 256;
+/// The share of a rank's token capacity a grow move deals sequences into: the rest is left
+/// for the groups' attention buffers (0.21-0.36 GiB of 72 on zeppelin-a800-13b-magi, ~0.5%).
+constexpr double kDealtCapacityShare = 0.98;
+/// Times a grow move deals the evicted sequences again around a group that took in those
+/// no rank had room for.
+constexpr int kGrowDealRounds = 3;
+/// A dissolve move keeps the group's 0, 1, 2, 4, ... longest sequences (by local time) in
+/// it, at most this many, and deals the others locally.
+constexpr std::size_t kMaxDissolveKept = 16;
 
 Tokens length_of(const Plan& plan, std::int64_t id) {
   return plan.sequence_lengths_tokens[static_cast<std::size_t>(id)];
@@ -300,20 +309,27 @@ class MoveGenerator {
       by_time.emplace_back(local_sequence_time_s(cost_, length_of(plan_, sequence.sequence_id)), sequence.sequence_id);
     }
     std::stable_sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    for (const bool keep_longest : {false, true}) {
+    for (std::size_t first = 0; first < by_time.size(); first = first == 0 ? 1 : 2 * first) {
+      if (first > kMaxDissolveKept) break;
       EditBuilder edit(plan_, m);
       edit.erase_group(g);
       std::vector<Seconds> dealt_s(group.ranks.size(), 0.0);
-      std::size_t first = 0;
-      if (keep_longest) {
+      if (first > 0) {
+        const std::vector<std::int64_t> longest_ids = [&] {
+          std::vector<std::int64_t> ids;
+          for (std::size_t i = 0; i < first; ++i) ids.push_back(by_time[i].second);
+          std::sort(ids.begin(), ids.end());
+          return ids;
+        }();
         AttentionGroup kept = group;
         kept.sequences.clear();
         for (const SequenceChunks& sequence : group.sequences) {
-          if (sequence.sequence_id == by_time.front().second) kept.sequences.push_back(sequence);
+          if (std::binary_search(longest_ids.begin(), longest_ids.end(), sequence.sequence_id)) {
+            kept.sequences.push_back(sequence);
+          }
         }
         if (kept.scheme == Scheme::ulysses) kept = build_group(Scheme::ulysses, kept.ranks, ids_of(kept), plan_);
         edit.append_group(std::move(kept));
-        first = 1;
       }
       for (std::size_t i = first; i < by_time.size(); ++i) {
         const auto least = static_cast<std::size_t>(
@@ -326,9 +342,11 @@ class MoveGenerator {
   }
 
   /// (d) Grow: the group over its ranks and the least-loaded ranks of one node outside it
-  /// (as many as it has, up to a node), under its scheme where the heads allow, else as a
-  /// ring and as USP; the added ranks keep their own groups (a level move can then take
-  /// their local sequences elsewhere).
+  /// (as many as it has, up to a node), under its scheme where the heads allow (else as a
+  /// ring) and as USP of each degree usp_degrees() offers; each twice: the added ranks keep
+  /// their own groups (a level move can then take their local sequences elsewhere), or
+  /// their local groups' sequences are dealt over the micro-batch (deal_locally), for when
+  /// a rank full of them could not also hold its share of the group.
   void grow(int m, int g) {
     const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
     const Cluster& cluster = cost_.cluster();
@@ -346,18 +364,100 @@ class MoveGenerator {
     const std::vector<std::int64_t> ids = ids_of(group);
     const auto size = static_cast<int>(ranks.size());
     const auto add_grown = [&](Scheme scheme, int degree) {
-      EditBuilder edit(plan_, m);
-      edit.erase_group(g);
-      edit.append_group(build_group(scheme, ranks, ids, plan_, degree));
-      add(MoveKind::grow, std::move(edit));
+      EditBuilder kept(plan_, m);
+      kept.erase_group(g);
+      EditBuilder evicting = kept;
+      kept.append_group(build_group(scheme, ranks, ids, plan_, degree));
+      add(MoveKind::grow, std::move(kept));
+      std::vector<std::int64_t> evicted = take_local_sequences(evicting, added);
+      if (evicted.empty()) return;
+      // What no rank has room for joins the grown group, and the rest is dealt again
+      // around the group that holds it (a few rounds: each only adds to the group).
+      std::vector<std::int64_t> joined = ids;
+      for (int round = 0; round < kGrowDealRounds; ++round) {
+        EditBuilder dealt = evicting;
+        dealt.append_group(build_group(scheme, ranks, joined, plan_, degree));
+        const std::vector<std::int64_t> unplaced = deal_locally(dealt, m, group, ranks, added, evicted);
+        if (unplaced.empty() || round + 1 == kGrowDealRounds) {
+          add(MoveKind::grow, std::move(dealt));
+          return;
+        }
+        for (std::int64_t id : unplaced) {
+          joined.push_back(id);
+          evicted.erase(std::find(evicted.begin(), evicted.end(), id));
+        }
+      }
     };
     if (group.scheme == Scheme::ring || group.scheme == Scheme::all_gather ||
         (group.scheme == Scheme::ulysses && ulysses_group_allowed(cost_, size))) {
       add_grown(group.scheme, 1);
-      return;
+    } else {
+      add_grown(Scheme::ring, 1);
     }
-    add_grown(Scheme::ring, 1);
     for (int degree : usp_degrees(ranks)) add_grown(Scheme::usp, degree);
+  }
+
+  /// Removes the local groups of `ranks` from the edit; returns their sequences' ids.
+  static std::vector<std::int64_t> take_local_sequences(EditBuilder& edit, const std::vector<int>& ranks) {
+    std::vector<std::int64_t> ids;
+    for (int g = static_cast<int>(edit.micro_batch().groups.size()); g-- > 0;) {
+      const AttentionGroup& group = edit.micro_batch().groups[static_cast<std::size_t>(g)];
+      if (group.scheme != Scheme::local || !std::binary_search(ranks.begin(), ranks.end(), group.ranks.front())) continue;
+      for (const SequenceChunks& sequence : group.sequences) ids.push_back(sequence.sequence_id);
+      edit.erase_group(g);
+    }
+    return ids;
+  }
+
+  /// Sequences `ids` local on the ranks with room for them, the longest local time first,
+  /// each to the rank whose estimated load is least so far: micro-batch m's loads, without
+  /// the local groups taken from the `added` ranks, with `group`'s local time (its
+  /// sequences whole on one rank, local_sequence_time_s) shared by the grown group's
+  /// `ranks` instead of its own. Room: the rank's attention tokens with the grown group
+  /// within the token capacity. Returns the ids no rank has room for (not placed).
+  std::vector<std::int64_t> deal_locally(EditBuilder& edit, int m, const AttentionGroup& group,
+                                         const std::vector<int>& ranks, const std::vector<int>& added,
+                                         const std::vector<std::int64_t>& ids) {
+    const auto local_time_s = [&](std::int64_t id) { return local_sequence_time_s(cost_, length_of(plan_, id)); };
+    Seconds group_s = 0;
+    for (const SequenceChunks& sequence : group.sequences) group_s += local_time_s(sequence.sequence_id);
+    std::vector<Seconds> load_s = loads(m);
+    for (int rank : group.ranks) load_s[static_cast<std::size_t>(rank)] -= group_s / static_cast<double>(group.ranks.size());
+    for (int rank : ranks) load_s[static_cast<std::size_t>(rank)] += group_s / static_cast<double>(ranks.size());
+    for (const AttentionGroup& local : micro_batch(m).groups) {
+      if (local.scheme != Scheme::local || !std::binary_search(added.begin(), added.end(), local.ranks.front())) continue;
+      for (const SequenceChunks& sequence : local.sequences) {
+        load_s[static_cast<std::size_t>(local.ranks.front())] -= local_time_s(sequence.sequence_id);
+      }
+    }
+    // Attention tokens each rank holds with the grown group (what its memory must fit).
+    std::vector<Tokens> held(load_s.size(), 0);
+    for (const AttentionGroup& held_group : edit.micro_batch().groups) {
+      for (const SequenceChunks& sequence : held_group.sequences) {
+        for (const Chunk& chunk : sequence.chunks) held[static_cast<std::size_t>(chunk.rank)] += chunk.size();
+      }
+    }
+    // The groups' attention buffers take memory too (under 1% of it on the presets).
+    const auto capacity = static_cast<Tokens>(kDealtCapacityShare * static_cast<double>(cost_.token_capacity_per_rank()));
+    std::vector<std::pair<Seconds, std::int64_t>> by_time;
+    for (std::int64_t id : ids) by_time.emplace_back(local_time_s(id), id);
+    std::stable_sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<std::int64_t> unplaced;
+    for (const auto& [time_s, id] : by_time) {
+      const Tokens length = length_of(plan_, id);
+      std::size_t least = load_s.size();
+      for (std::size_t r = 0; r < load_s.size(); ++r) {
+        if (held[r] + length <= capacity && (least == load_s.size() || load_s[r] < load_s[least])) least = r;
+      }
+      if (least == load_s.size()) {
+        unplaced.push_back(id);
+        continue;
+      }
+      edit.add_local(static_cast<int>(least), id);
+      load_s[least] += time_s;
+      held[least] += length;
+    }
+    return unplaced;
   }
 
   /// Every multi-rank group of micro-batch m without its slowest rank under another scheme

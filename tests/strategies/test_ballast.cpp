@@ -374,14 +374,81 @@ TEST(BallastMoves, GrowTakesTheLeastLoadedRanksOfANode) {
   EXPECT_LT(grown_s, step_s);
 }
 
+// Grow where the added ranks are full: a long document on a ring of node 0, 90% of each
+// member's token capacity, and two local documents of 30% on each rank of node 1. Grown
+// over both nodes the document takes 45% of each member, so node 1's ranks cannot also
+// keep their own (105%): the evicting variant deals them over all 16 ranks (75% each), it
+// validates, and the step is shorter.
+TEST(BallastMoves, GrowDealsTheAddedRanksDocumentsWhereTheyWouldNotFit) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  const Tokens capacity = cost.token_capacity_per_rank();
+  const Tokens long_tokens = 8 * (capacity * 9 / 10);
+  const Tokens short_tokens = capacity * 3 / 10;
+  std::vector<Tokens> lengths = {long_tokens};
+  for (int i = 0; i < 16; ++i) lengths.push_back(short_tokens);
+  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  MicroBatch& micro_batch = plan.micro_batches.emplace_back();
+  AttentionGroup ring;
+  ring.scheme = Scheme::ring;
+  ring.ranks = consecutive_ranks(0, 8);
+  ring.sequences.push_back({0, long_tokens, zigzag_chunks_unpadded(long_tokens, ring.ranks)});
+  micro_batch.groups.push_back(ring);
+  for (int rank = 8; rank < 16; ++rank) {
+    AttentionGroup local;
+    local.scheme = Scheme::local;
+    local.ranks = {rank};
+    for (std::int64_t id : {2 * rank - 15, 2 * rank - 14}) local.sequences.push_back(whole_sequence(id, short_tokens, rank));
+    micro_batch.groups.push_back(local);
+  }
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  int kept = 0, dealt = 0;
+  const Move* best = nullptr;
+  Seconds best_s = simulate(plan, cost).step_time_s;
+  const Seconds step_s = best_s;
+  for (const Move& move : moves_of(plan, cost, evaluator, Loads::before_sync)) {
+    if (move.kind != MoveKind::grow) continue;
+    const Plan grown = apply_move(plan, move);
+    const bool keeps = grown.micro_batches.front().groups.size() == plan.micro_batches.front().groups.size();
+    if (keeps) {
+      ++kept;
+      EXPECT_FALSE(validate(grown, cost).ok);  // node 1's ranks out of memory
+      continue;
+    }
+    ++dealt;
+    ASSERT_TRUE(validate(grown, cost).ok) << validate(grown, cost).message;
+    const MicroBatch& result = grown.micro_batches.front();
+    const auto group = std::find_if(result.groups.begin(), result.groups.end(),
+                                    [](const AttentionGroup& g) { return g.ranks.size() > 1; });
+    ASSERT_NE(group, result.groups.end());
+    EXPECT_EQ(group->ranks, consecutive_ranks(0, 16));
+    EXPECT_EQ(group->sequences.size(), 1u);
+    int on_node_0 = 0;  // short documents dealt onto the ring's old members
+    for (const AttentionGroup& g : result.groups) {
+      on_node_0 += g.scheme == Scheme::local && g.ranks.front() < 8 ? static_cast<int>(g.sequences.size()) : 0;
+    }
+    EXPECT_GT(on_node_0, 0);
+    const Seconds grown_s = simulate(grown, cost).step_time_s;
+    if (grown_s < best_s) {
+      best_s = grown_s;
+      best = &move;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_EQ(dealt, kept);
+  std::printf("grow, dealing node 1's documents: %.4f s -> %.4f s\n", step_s, best_s);
+  EXPECT_NE(best, nullptr);
+}
+
 // Dissolve: a ring of sixteen short documents over eight ranks (the slowest: every step
 // of the ring moves KV) becomes local documents, two per rank, no communication; the
-// second variant keeps the longest in the ring. Only the second phase generates it.
+// other variants keep the 1, 2, 4 or 8 longest in the ring and deal the rest. Only the
+// second phase generates it.
 TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
   const CostModel& cost = *setups().front().cost;  // h100 2 x 8
   const SimulatorEvaluator evaluator(cost);
   std::vector<Tokens> lengths(16, 2000);
-  lengths[5] = 3000;  // the longest, kept by the second variant
+  lengths[5] = 3000;  // the longest, kept by every variant that keeps some
   for (int rank = 8; rank < 16; ++rank) lengths.push_back(1000);
   Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
   MicroBatch& micro_batch = plan.micro_batches.emplace_back();
@@ -408,9 +475,12 @@ TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
   for (const Move& move : moves) {
     if (move.kind == MoveKind::dissolve) dissolves.push_back(&move);
   }
-  ASSERT_EQ(dissolves.size(), 2u);
+  // Keeping the 0, 1, 2, 4 and 8 longest in the ring (16 would be no move).
+  const std::vector<std::size_t> kept_counts = {0, 1, 2, 4, 8};
+  ASSERT_EQ(dissolves.size(), kept_counts.size());
   const Seconds step_s = simulate(plan, cost).step_time_s;
-  for (std::size_t variant = 0; variant < 2; ++variant) {
+  for (std::size_t variant = 0; variant < dissolves.size(); ++variant) {
+    const std::size_t kept = kept_counts[variant];
     const Plan dissolved = apply_move(plan, *dissolves[variant]);
     ASSERT_TRUE(validate(dissolved, cost).ok) << validate(dissolved, cost).message;
     std::vector<int> documents(8, 0);
@@ -418,19 +488,22 @@ TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
     for (const AttentionGroup& group : dissolved.micro_batches.front().groups) {
       if (group.scheme == Scheme::ring) {
         ++rings;
-        ASSERT_EQ(group.sequences.size(), 1u);
-        EXPECT_EQ(group.sequences.front().sequence_id, 5);
+        ASSERT_EQ(group.sequences.size(), kept);
+        EXPECT_EQ(group.ranks, ring.ranks);
+        const bool holds_longest = std::any_of(group.sequences.begin(), group.sequences.end(),
+                                               [](const SequenceChunks& sequence) { return sequence.sequence_id == 5; });
+        EXPECT_TRUE(holds_longest);
       } else if (group.ranks.front() < 8) {
         documents[static_cast<std::size_t>(group.ranks.front())] += static_cast<int>(group.sequences.size());
       }
     }
-    EXPECT_EQ(rings, variant == 0 ? 0 : 1);
-    // All 16 (or the 15 besides the longest) dealt by local time: at most two a rank.
-    EXPECT_EQ(std::accumulate(documents.begin(), documents.end(), 0), variant == 0 ? 16 : 15);
-    EXPECT_EQ(*std::max_element(documents.begin(), documents.end()), 2);
+    EXPECT_EQ(rings, kept == 0 ? 0 : 1);
+    // The others dealt by local time (all 2,000 tokens): at most ceil((16 - kept) / 8) a rank.
+    EXPECT_EQ(std::accumulate(documents.begin(), documents.end(), 0), static_cast<int>(16 - kept));
+    EXPECT_EQ(*std::max_element(documents.begin(), documents.end()), static_cast<int>((16 - kept + 7) / 8));
     const Seconds dissolved_s = simulate(dissolved, cost).step_time_s;
-    std::printf("dissolve (variant %zu): %.4f s -> %.4f s\n", variant, step_s, dissolved_s);
-    if (variant == 0) {
+    std::printf("dissolve (keeping %zu): %.4f s -> %.4f s\n", kept, step_s, dissolved_s);
+    if (kept == 0) {
       EXPECT_LT(dissolved_s, step_s);
     }
   }
