@@ -38,39 +38,36 @@ Seconds attention_floor_s(Tokens length, const CostModel& cost) {
          cost.attention_document_floor_s(length, padded, Pass::backward);
 }
 
-/// Linear layers (with their TP collectives' bandwidth time) plus attention at its
-/// document floor, forward (twice under full recomputation) and backward, all sequences.
-Seconds total_compute_s(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
-  const double forward_passes = cost.model().forward_passes();
+/// The batch's compute floors, summed over sequences. `total_s`: linear layers (with their
+/// TP collectives' bandwidth time) plus attention at its document floor, forward (twice
+/// under full recomputation) and backward. The same floors by pass, TP and expert
+/// collectives left out: `forward_s` = linear layers and attention in one forward pass
+/// (every plan runs all of it before its last micro-batch's backward pass); `backward_s` =
+/// the backward pass plus, under full recomputation, the rerun forward (the simulator
+/// counts both as backward time for the gradient buckets).
+struct ComputeFloors {
   Seconds total_s = 0;
-  for (Tokens length : lengths_tokens) {
-    total_s += tensor_parallel_bandwidth_s(length, cost) +
-               forward_passes * cost.linear_time_s(length, Pass::forward) +
-               cost.linear_time_s(length, Pass::backward) + attention_floor_s(length, cost);
-  }
-  return total_s;
-}
-
-/// The compute floors of total_compute_s() split by pass, summed over sequences (TP and
-/// expert collectives left out): `forward_s` = linear layers and attention in one forward
-/// pass (every plan runs all of it before its last micro-batch's backward pass);
-/// `backward_s` = the backward pass plus, under full recomputation, the rerun forward (the
-/// simulator counts both as backward time for the gradient buckets).
-struct PassFloors {
   Seconds forward_s = 0;
   Seconds backward_s = 0;
 };
 
-PassFloors pass_floors(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
-  const double reruns = cost.model().forward_passes() - 1.0;
-  PassFloors floors;
+ComputeFloors compute_floors(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
+  const int forward_passes = cost.model().forward_passes();
+  const int ranks = cost.cluster().ranks();
+  ComputeFloors floors;
   for (Tokens length : lengths_tokens) {
-    const Tokens padded = padded_length_tokens(length, cost.cluster().ranks());
-    const Seconds forward_s = cost.linear_time_s(length, Pass::forward) +
-                              cost.attention_document_floor_s(length, padded, Pass::forward);
+    const Tokens padded = padded_length_tokens(length, ranks);
+    const Seconds linear_forward_s = cost.linear_time_s(length, Pass::forward);
+    const Seconds linear_backward_s = cost.linear_time_s(length, Pass::backward);
+    const Seconds attention_forward_s = cost.attention_document_floor_s(length, padded, Pass::forward);
+    const Seconds attention_backward_s = cost.attention_document_floor_s(length, padded, Pass::backward);
+    // attention_floor_s()'s sum, from the floors computed once.
+    const Seconds attention_s = forward_passes * attention_forward_s + attention_backward_s;
+    floors.total_s += tensor_parallel_bandwidth_s(length, cost) + forward_passes * linear_forward_s +
+                      linear_backward_s + attention_s;
+    const Seconds forward_s = linear_forward_s + attention_forward_s;
     floors.forward_s += forward_s;
-    floors.backward_s += reruns * forward_s + cost.linear_time_s(length, Pass::backward) +
-                         cost.attention_document_floor_s(length, padded, Pass::backward);
+    floors.backward_s += (forward_passes - 1) * forward_s + linear_backward_s + attention_backward_s;
   }
   return floors;
 }
@@ -224,7 +221,8 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   // An empty batch needs no micro-batch (and pays no overhead).
   // Saturating: a cluster with absurd memory has a capacity near 2^63 tokens per rank.
   bound.min_micro_batches = ceil_div(total_tokens, saturating_multiply(ranks, capacity_tokens));
-  bound.compute_per_rank_s = total_compute_s(lengths_tokens, cost) / ranks;
+  const ComputeFloors floors = compute_floors(lengths_tokens, cost);
+  bound.compute_per_rank_s = floors.total_s / ranks;
   bound.overhead_s = static_cast<double>(bound.min_micro_batches) * overhead_s;
   // Overlapped, the last bucket still waits for the end of the last backward pass.
   bound.gradient_sync_s =
@@ -264,7 +262,6 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   if (gradient_sync == GradientSync::overlap && total_tokens > 0) {
     const int buckets = gradient_sync_buckets(cost.model());
     bound.gradient_buckets_s = buckets * cost.gradient_bucket_sync_time_s(buckets);
-    const PassFloors floors = pass_floors(lengths_tokens, cost);
     bound.first_bucket_ready_s = (floors.forward_s + floors.backward_s / buckets) / ranks;
     const Seconds sync_bound_s = bound.first_bucket_ready_s + bound.gradient_buckets_s;
     // One bucket is the last, after every rank's program: the spread's term has it.

@@ -309,8 +309,8 @@ class MoveGenerator {
       by_time.emplace_back(local_sequence_time_s(cost_, length_of(plan_, sequence.sequence_id)), sequence.sequence_id);
     }
     std::stable_sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    for (std::size_t first = 0; first < by_time.size(); first = first == 0 ? 1 : 2 * first) {
-      if (first > kMaxDissolveKept) break;
+    for (std::size_t first = 0; first < by_time.size() && first <= kMaxDissolveKept;
+         first = first == 0 ? 1 : 2 * first) {
       EditBuilder edit(plan_, m);
       edit.erase_group(g);
       std::vector<Seconds> dealt_s(group.ranks.size(), 0.0);
@@ -414,7 +414,8 @@ class MoveGenerator {
   /// the local groups taken from the `added` ranks, with `group`'s local time (its
   /// sequences whole on one rank, local_sequence_time_s) shared by the grown group's
   /// `ranks` instead of its own. Room: the rank's attention tokens with the grown group
-  /// within the token capacity. Returns the ids no rank has room for (not placed).
+  /// within kDealtCapacityShare of the token capacity. Returns the ids no rank has room
+  /// for (not placed).
   std::vector<std::int64_t> deal_locally(EditBuilder& edit, int m, const AttentionGroup& group,
                                          const std::vector<int>& ranks, const std::vector<int>& added,
                                          const std::vector<std::int64_t>& ids) {
