@@ -44,11 +44,13 @@ Seconds attention_floor_s(Tokens length, const CostModel& cost) {
 /// collectives left out: `forward_s` = linear layers and attention in one forward pass
 /// (every plan runs all of it before its last micro-batch's backward pass); `backward_s` =
 /// the backward pass plus, under full recomputation, the rerun forward (the simulator
-/// counts both as backward time for the gradient buckets).
+/// counts both as backward time for the gradient buckets); `linear_backward_s` = its
+/// linear modules' part (exact: linear time is proportional to the tokens).
 struct ComputeFloors {
   Seconds total_s = 0;
   Seconds forward_s = 0;
   Seconds backward_s = 0;
+  Seconds linear_backward_s = 0;
 };
 
 ComputeFloors compute_floors(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
@@ -68,6 +70,7 @@ ComputeFloors compute_floors(std::span<const Tokens> lengths_tokens, const CostM
     const Seconds forward_s = linear_forward_s + attention_forward_s;
     floors.forward_s += forward_s;
     floors.backward_s += (forward_passes - 1) * forward_s + linear_backward_s + attention_backward_s;
+    floors.linear_backward_s += (forward_passes - 1) * linear_forward_s + linear_backward_s;
   }
   return floors;
 }
@@ -262,7 +265,15 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   if (gradient_sync == GradientSync::overlap && total_tokens > 0) {
     const int buckets = gradient_sync_buckets(cost.model());
     bound.gradient_buckets_s = buckets * cost.gradient_bucket_sync_time_s(buckets);
-    bound.first_bucket_ready_s = (floors.forward_s + floors.backward_s / buckets) / ranks;
+    // Only the last micro-batch's backward pass can hide buckets, and a rank runs at most
+    // `capacity` linear tokens in it: the linear backward work beyond that comes before.
+    const Seconds last_linear_backward_s =
+        (cost.model().forward_passes() - 1) * cost.linear_time_s(capacity_tokens, Pass::forward) +
+        cost.linear_time_s(capacity_tokens, Pass::backward);
+    bound.first_bucket_ready_s =
+        (floors.forward_s + floors.backward_s / buckets) / ranks +
+        (1.0 - 1.0 / buckets) *
+            std::max(0.0, floors.linear_backward_s / ranks - last_linear_backward_s);
     const Seconds sync_bound_s = bound.first_bucket_ready_s + bound.gradient_buckets_s;
     // One bucket is the last, after every rank's program: the spread's term has it.
     if (buckets > 1 && sync_bound_s > bound.time_s) {
