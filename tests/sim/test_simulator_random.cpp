@@ -208,8 +208,8 @@ TEST(SimulatorRandom, GradientBucketsAfterTheForwardPassBoundTheStep) {
 // When memory forces several micro-batches, only the last one's backward pass can hide
 // the gradient buckets: the linear backward work beyond one micro-batch's token capacity
 // runs before the first bucket. Plans of 2 to 4 micro-batches on 16 A800s with memory for
-// ~8K tokens (llama-7b), every rank near its capacity in each: local documents and 2- or 4-rank rings
-// of documents longer than the capacity.
+// ~8K tokens (llama-7b), every rank near its capacity in each: local documents, and 2- or
+// 4-rank rings of documents longer than the capacity.
 TEST(SimulatorRandom, OnlyTheLastMicroBatchHidesGradientBuckets) {
   Cluster cluster = cluster_preset("a800-roce");
   cluster.nodes = 2;
