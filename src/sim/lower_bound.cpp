@@ -38,6 +38,13 @@ Seconds attention_floor_s(Tokens length, const CostModel& cost) {
          cost.attention_document_floor_s(length, padded, Pass::backward);
 }
 
+/// The linear modules' time in the backward pass of `tokens` tokens, with the forward's
+/// rerun under full recomputation (counted as backward time, as the simulator counts it).
+Seconds linear_backward_pass_s(Tokens tokens, const CostModel& cost) {
+  return (cost.model().forward_passes() - 1) * cost.linear_time_s(tokens, Pass::forward) +
+         cost.linear_time_s(tokens, Pass::backward);
+}
+
 /// The batch's compute floors, summed over sequences. `total_s`: linear layers (with their
 /// TP collectives' bandwidth time) plus attention at its document floor, forward (twice
 /// under full recomputation) and backward. The same floors by pass, TP and expert
@@ -70,7 +77,7 @@ ComputeFloors compute_floors(std::span<const Tokens> lengths_tokens, const CostM
     const Seconds forward_s = linear_forward_s + attention_forward_s;
     floors.forward_s += forward_s;
     floors.backward_s += (forward_passes - 1) * forward_s + linear_backward_s + attention_backward_s;
-    floors.linear_backward_s += (forward_passes - 1) * linear_forward_s + linear_backward_s;
+    floors.linear_backward_s += linear_backward_pass_s(length, cost);
   }
   return floors;
 }
@@ -267,13 +274,10 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
     bound.gradient_buckets_s = buckets * cost.gradient_bucket_sync_time_s(buckets);
     // Only the last micro-batch's backward pass can hide buckets, and a rank runs at most
     // `capacity` linear tokens in it: the linear backward work beyond that comes before.
-    const Seconds last_linear_backward_s =
-        (cost.model().forward_passes() - 1) * cost.linear_time_s(capacity_tokens, Pass::forward) +
-        cost.linear_time_s(capacity_tokens, Pass::backward);
     bound.first_bucket_ready_s =
         (floors.forward_s + floors.backward_s / buckets) / ranks +
-        (1.0 - 1.0 / buckets) *
-            std::max(0.0, floors.linear_backward_s / ranks - last_linear_backward_s);
+        (1.0 - 1.0 / buckets) * std::max(0.0, floors.linear_backward_s / ranks -
+                                                   linear_backward_pass_s(capacity_tokens, cost));
     const Seconds sync_bound_s = bound.first_bucket_ready_s + bound.gradient_buckets_s;
     // One bucket is the last, after every rank's program: the spread's term has it.
     if (buckets > 1 && sync_bound_s > bound.time_s) {
