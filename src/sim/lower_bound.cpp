@@ -224,8 +224,8 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   const Tokens capacity_tokens = cost.token_capacity_per_rank();
   const Seconds overhead_s =
       cost.micro_batch_overhead_s(Pass::forward) + cost.micro_batch_overhead_s(Pass::backward);
-  // Paid like the overhead by every rank-micro-batch holding tokens.
-  const Seconds per_slot_s = overhead_s + cost.linear_collectives_latency_s();
+  // Paid by every rank-micro-batch holding tokens.
+  const Seconds per_slot_s = cost.linear_collectives_latency_s();
 
   LowerBound bound;
   // An empty batch needs no micro-batch (and pays no overhead).
@@ -239,11 +239,13 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
       gradient_sync == GradientSync::end
           ? cost.gradient_sync_time_s()
           : cost.gradient_bucket_sync_time_s(gradient_sync_buckets(cost.model()));
-  // Every rank-micro-batch holding tokens holds at most `capacity` of them and pays the
-  // overhead: at least ceil(total / capacity) such slots exist, shared by all ranks.
+  // Every rank pays the overhead of every micro-batch (sim/program.cpp). Every
+  // rank-micro-batch holding tokens holds at most `capacity` of them and pays the linear
+  // collectives' latency: at least ceil(total / capacity) such slots exist, shared by all
+  // ranks.
   const Tokens slots = ceil_div(total_tokens, capacity_tokens);
-  const Seconds spread_s =
-      bound.compute_per_rank_s + static_cast<double>(slots) * per_slot_s / ranks;
+  const Seconds spread_s = bound.compute_per_rank_s + bound.overhead_s +
+                           static_cast<double>(slots) * per_slot_s / ranks;
   // The rank with the most linear tokens holds >= ceil(total / ranks) of them, at most
   // `capacity` per micro-batch, so it runs >= min_micro_batches micro-batches.
   const Tokens fullest_tokens = ceil_div(total_tokens, ranks);
@@ -257,14 +259,16 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   for (Tokens length : lengths_tokens) longest = std::max(longest, length);
   // Monotone in the length, so the longest sequence's floor is the largest.
   bound.longest_sequence_s = longest_sequence_floor_s(longest, cost);
-  if (bound.longest_sequence_s > std::max(spread_s, fullest_s)) {
+  // Its busiest member pays every micro-batch's overhead too.
+  const Seconds longest_s = bound.longest_sequence_s + bound.overhead_s;
+  if (longest_s > std::max(spread_s, fullest_s)) {
     bound.binding = fmt::format("the longest sequence ({} tokens) on its best group", longest);
   } else if (spread_s >= fullest_s) {
     bound.binding = fmt::format("compute spread over {} ranks", ranks);
   } else {
     bound.binding = "memory-forced micro-batches";
   }
-  bound.time_s = std::max({spread_s, fullest_s, bound.longest_sequence_s}) + bound.gradient_sync_s;
+  bound.time_s = std::max({spread_s, fullest_s, longest_s}) + bound.gradient_sync_s;
   // Overlapped, the buckets still run one after another (each waits for the previous), and
   // the first waits until every rank has run its whole forward work and 1 / B of its last
   // backward pass (docs/simulator.md section 7): what binds when the backward pass is too

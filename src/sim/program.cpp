@@ -172,7 +172,7 @@ class StepBuilder {
   void add_pass(int m, const MicroBatchLayout& layout, Pass pass) {
     const double qkv_fraction = cost_.model().qkv_flops_fraction();
     const bool forward = pass == Pass::forward;
-    if (forward) add_overhead(m, layout, pass);
+    if (forward) add_overhead(m, pass);
     // Per layer, Megatron-LM's sequence parallelism all-gathers before the QKV projection,
     // reduce-scatters after the output projection, all-gathers before the MLP and
     // reduce-scatters after it; backward swaps the two kinds. Charged for all layers, the
@@ -199,7 +199,7 @@ class StepBuilder {
       add_tensor_parallel(m, layout, 1, 2, "tensor parallel reduce-scatter, all-gather, reduce-scatter fwd");
     } else {
       add_tensor_parallel(m, layout, 0, 1, "tensor parallel reduce-scatter bwd");
-      add_overhead(m, layout, pass);
+      add_overhead(m, pass);
     }
   }
 
@@ -263,12 +263,14 @@ class StepBuilder {
     }
   }
 
-  void add_overhead(int m, const MicroBatchLayout& layout, Pass pass) {
+  /// Every rank pays every micro-batch's overhead, tokens or not: the overhead is FlexSP's
+  /// profiled b1, which holds ZeRO-3's parameter all-gathers, collectives over all ranks,
+  /// and a data-parallel step runs the same number of micro-batches on every rank.
+  void add_overhead(int m, Pass pass) {
     const Seconds overhead_s = cost_.micro_batch_overhead_s(pass);
     if (overhead_s <= 0) return;
     graph_.set_category(trace_category::kOverhead);
     for (int rank = 0; rank < ranks(); ++rank) {
-      if (!layout.participates[rank]) continue;
       cursor_[rank] = graph_.add_compute(rank, m, overhead_s, {cursor_[rank]}, [&] {
         return fmt::format("overhead {}", pass_name(pass));
       });
