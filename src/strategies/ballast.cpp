@@ -216,7 +216,7 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
         step_s[i] += candidate.time_s - estimate.micro_batches[m].time_s;
         freed_s[i] += rank_time_sum_s(estimate.micro_batches[m]) - rank_time_sum_s(candidate);
       }
-      if (!moves[i].off_critical_path) by_step.push_back(i);
+      if (!moves[i].off_critical_path && moves[i].kind != MoveKind::level_step) by_step.push_back(i);
     }
     screens_left -= static_cast<long long>(by_step.size());
     std::stable_sort(by_step.begin(), by_step.end(),
@@ -225,10 +225,18 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
     // freeing rank time; the most freed first.
     std::vector<std::size_t> sideways;
     for (std::size_t i = 0; i < moves.size(); ++i) {
+      if (moves[i].kind == MoveKind::level_step) continue;
       if (freed_s[i] > 0 && step_s[i] <= (1 + kEstimateResolution) * current_s) sideways.push_back(i);
     }
     std::stable_sort(sideways.begin(), sideways.end(),
                      [&](std::size_t a, std::size_t b) { return freed_s[a] > freed_s[b]; });
+    // Level-step moves trade work between micro-batches, which the estimated step (the
+    // micro-batches' slowest ranks summed) cannot see: first among the sideways ones.
+    std::vector<std::size_t> level_steps;
+    for (std::size_t i = 0; i < moves.size(); ++i) {
+      if (moves[i].kind == MoveKind::level_step) level_steps.push_back(i);
+    }
+    sideways.insert(sideways.begin(), level_steps.begin(), level_steps.end());
     std::vector<bool> tried(moves.size(), false);
     // Simulates up to `tries` of `order` not tried yet, each only until its step reaches
     // `bound_s` (no candidate that does is accepted); accepts the first that `accept`s.
@@ -283,7 +291,8 @@ class BallastPlanner final : public Planner {
     return {{"portfolio", "strategies to start from, joined by '+', e.g. "
                           "portfolio=flexsp-fast+zeppelin [default: every other registered "
                           "strategy but flexsp]"},
-            {"budget", fmt::format("simulations the local search may spend; 0 keeps the "
+            {"budget", fmt::format("simulations the local search may spend (its third phase, "
+                                   "across micro-batches, half as many more); 0 keeps the "
                                    "portfolio's best [default: {}]",
                                    kDefaultBudgetSimulations)}};
   }
@@ -324,7 +333,11 @@ class BallastPlanner final : public Planner {
     const long long budget = budget_of(options);
     SearchBudget left{budget, kScreenedMovesPerSimulation * budget};
     best = improve(std::move(best), evaluation, cost, evaluator, Loads::with_sync, left);
-    return improve(std::move(best), evaluation, cost, evaluator, Loads::before_sync, left);
+    best = improve(std::move(best), evaluation, cost, evaluator, Loads::before_sync, left);
+    // The third phase has its own budget, half the others': where the first two spent
+    // theirs it would get nothing, and it is the one that moves work across micro-batches.
+    SearchBudget whole_step{budget / 2, kScreenedMovesPerSimulation * (budget / 2)};
+    return improve(std::move(best), evaluation, cost, evaluator, Loads::whole_step, whole_step);
   }
 };
 

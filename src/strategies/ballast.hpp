@@ -96,6 +96,7 @@ enum class MoveKind {
   level,           ///< (a) local sequences from the slowest ranks to the least-loaded, many at once
   grow,            ///< (d) a group over more ranks: the least-loaded of one node
   dissolve,        ///< (d) a group's sequences local on its ranks (or all but its longest)
+  level_step,      ///< (f) level by the ranks' whole-step loads, within one micro-batch
   count,
 };
 const char* move_name(MoveKind kind);
@@ -110,15 +111,18 @@ struct Move {
 
 /// What the search takes for a rank's load: its time with the gradient sync's exposed
 /// part (PlanEvaluation::rank_time_s), or without it (rank_time_before_sync_s: what the
-/// rank could still take on before the sync).
-enum class Loads { with_sync, before_sync };
+/// rank could still take on before the sync). `whole_step` is the third phase: loads
+/// before the sync, and only the moves that act across micro-batches (level_step, and
+/// splits off the critical path that feed it).
+enum class Loads { with_sync, before_sync, whole_step };
 
 /// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
 /// micro-batch (slowest first) around its slowest rank, then (e) between the slowest and
 /// the fastest micro-batch, at most `max_moves` of them; then, marked off_critical_path,
 /// (c) for every other multi-rank group of each micro-batch, at most `max_moves` more.
 /// With Loads::before_sync also level, grow and dissolve (off the critical path too).
-/// Deterministic.
+/// With Loads::whole_step only level_step per micro-batch and, off the critical path, (d)
+/// splits of the groups without a micro-batch's slowest rank. Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
 

@@ -242,6 +242,7 @@ class MoveGenerator {
 
   std::vector<Move> run() {
     const std::vector<int> order = micro_batches_by_time();
+    if (loads_ == Loads::whole_step) return whole_step_moves(order);
     for (int m : order) {
       if (full()) break;
       around_slowest_rank(m);
@@ -520,6 +521,100 @@ class MoveGenerator {
     if (moved >= 2) add(MoveKind::level, std::move(edit));
   }
 
+  /// The whole-step phase's moves: per micro-batch (slowest first) a level_step, then,
+  /// marked off_critical_path, every multi-sequence group without the micro-batch's
+  /// slowest rank split in two (two halves that each fit in a node free their members of
+  /// cross-node communication, which the next level_step can fill).
+  std::vector<Move> whole_step_moves(const std::vector<int>& order) {
+    for (int m : order) {
+      if (full()) break;
+      level_step(m);
+    }
+    for (int m : order) {
+      const std::vector<int> by_load = ranks_by_load(loads(m));
+      const int slowest = by_load.back();
+      const auto& groups = micro_batch(m).groups;
+      for (std::size_t g = 0; g < groups.size() && !full(); ++g) {
+        if (groups[g].ranks.size() < 2 || groups[g].sequences.size() < 2 || holds_rank(groups[g], slowest)) continue;
+        const std::size_t first = moves_.size();
+        split(m, static_cast<int>(g));
+        for (std::size_t i = first; i < moves_.size(); ++i) moves_[i].off_critical_path = true;
+      }
+    }
+    return std::move(moves_);
+  }
+
+  /// Level by the step: like level(), local sequences of micro-batch m from the rank
+  /// slowest over the whole step (its loads summed over the micro-batches) to the least
+  /// loaded one with room for them in m (attention tokens within kDealtCapacityShare of the
+  /// token capacity). Micro-batches are no barriers, so where one micro-batch's group sets
+  /// the step (a long document on a cross-node group), its members' local work in another
+  /// micro-batch can go to ranks that are idle in neither by m's loads alone.
+  void level_step(int m) {
+    const std::size_t ranks = loads(m).size();
+    std::vector<Seconds> load_s(ranks, 0.0);
+    for (const MicroBatchEstimate& estimate : estimate_.micro_batches) {
+      for (std::size_t r = 0; r < ranks; ++r) load_s[r] += estimate.rank_time_s[r];
+    }
+    EditBuilder edit(plan_, m);
+    std::vector<Tokens> held(ranks, 0);
+    for (const AttentionGroup& group : edit.micro_batch().groups) {
+      for (const SequenceChunks& sequence : group.sequences) {
+        for (const Chunk& chunk : sequence.chunks) held[static_cast<std::size_t>(chunk.rank)] += chunk.size();
+      }
+    }
+    const auto capacity = static_cast<Tokens>(kDealtCapacityShare * static_cast<double>(cost_.token_capacity_per_rank()));
+    int moved = 0;
+    for (int round = 0; round < kMaxLevelMoves; ++round) {
+      const std::vector<int> by_load = ranks_by_load(load_s);
+      const int slowest = by_load.back();
+      const auto& groups = edit.micro_batch().groups;
+      int local = -1;
+      for (std::size_t g = 0; g < groups.size() && local < 0; ++g) {
+        if (groups[g].scheme == Scheme::local && groups[g].ranks.front() == slowest) local = static_cast<int>(g);
+      }
+      if (local < 0) break;
+      // The sequence whose local time is closest to half the gap to the least-loaded rank
+      // with room for it, below that gap.
+      const AttentionGroup& group = groups[static_cast<std::size_t>(local)];
+      std::size_t best = group.sequences.size();
+      int best_rank = -1;
+      Seconds best_s = 0, best_miss_s = 0;
+      for (std::size_t s = 0; s < group.sequences.size(); ++s) {
+        const Tokens length = length_of(plan_, group.sequences[s].sequence_id);
+        int least = -1;
+        for (int rank : by_load) {
+          if (rank == slowest) break;
+          if (held[static_cast<std::size_t>(rank)] + length <= capacity) {
+            least = rank;
+            break;
+          }
+        }
+        if (least < 0) continue;
+        const Seconds gap_s = load_s[static_cast<std::size_t>(slowest)] - load_s[static_cast<std::size_t>(least)];
+        const Seconds time_s = local_sequence_time_s(cost_, length);
+        if (time_s >= gap_s) continue;
+        const Seconds miss_s = std::abs(time_s - gap_s / 2);
+        if (best == group.sequences.size() || miss_s < best_miss_s) {
+          best = s;
+          best_rank = least;
+          best_s = time_s;
+          best_miss_s = miss_s;
+        }
+      }
+      if (best == group.sequences.size()) break;
+      const Tokens length = length_of(plan_, group.sequences[best].sequence_id);
+      const std::int64_t id = edit.take_sequence(local, best);
+      edit.add_local(best_rank, id);
+      load_s[static_cast<std::size_t>(slowest)] -= best_s;
+      load_s[static_cast<std::size_t>(best_rank)] += best_s;
+      held[static_cast<std::size_t>(slowest)] -= length;
+      held[static_cast<std::size_t>(best_rank)] += length;
+      ++moved;
+    }
+    if (moved >= 1) add(MoveKind::level_step, std::move(edit));
+  }
+
   /// (a) A sequence of the slowest rank's local group to the least-loaded rank, the ones
   /// whose time is closest to half the gap between them first.
   void move_local(int m, int g, int least, Seconds gap_s) {
@@ -607,7 +702,8 @@ class MoveGenerator {
   }
 
   /// (d) Split: the group's ranks halved, its sequences dealt longest first to the half
-  /// with the least attention work per rank (s^2 / ranks).
+  /// with the least attention work per rank (s^2 / ranks), or to the other half where only
+  /// that one has room for them (its members' usable tokens).
   void split(int m, int g) {
     const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
     const std::size_t half = group.ranks.size() / 2;
@@ -617,24 +713,42 @@ class MoveGenerator {
     std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t a, std::int64_t b) {
       return length_of(plan_, a) > length_of(plan_, b);
     });
+    const Scheme first_scheme = scheme_for(group.scheme, first.size());
+    const Scheme second_scheme = scheme_for(group.scheme, second.size());
+    // Each half's room: its members' usable tokens (validate() still has the last word).
+    const auto room = [&](Scheme scheme, const std::vector<int>& half_ranks) {
+      const int size = static_cast<int>(half_ranks.size());
+      return static_cast<Tokens>(size) * usable_tokens_per_rank(cost_, scheme, size);
+    };
+    const Tokens first_room = room(first_scheme, first);
+    const Tokens second_room = room(second_scheme, second);
     std::vector<std::int64_t> first_ids, second_ids;
     double first_work = 0, second_work = 0;
+    Tokens first_tokens = 0, second_tokens = 0;
     for (std::int64_t id : ids) {
-      const auto length = static_cast<double>(length_of(plan_, id));
-      if (first_work / static_cast<double>(first.size()) <= second_work / static_cast<double>(second.size())) {
+      const Tokens tokens = length_of(plan_, id);
+      const auto length = static_cast<double>(tokens);
+      bool to_first = first_work / static_cast<double>(first.size()) <=
+                      second_work / static_cast<double>(second.size());
+      // The half with less work per rank, unless only the other has room for it.
+      const bool first_fits = first_tokens + tokens <= first_room;
+      const bool second_fits = second_tokens + tokens <= second_room;
+      if (to_first && !first_fits && second_fits) to_first = false;
+      if (!to_first && !second_fits && first_fits) to_first = true;
+      if (to_first) {
         first_ids.push_back(id);
         first_work += length * length;
+        first_tokens += tokens;
       } else {
         second_ids.push_back(id);
         second_work += length * length;
+        second_tokens += tokens;
       }
     }
     EditBuilder edit(plan_, m);
     edit.erase_group(g);
-    edit.append_group(build_group(scheme_for(group.scheme, first.size()), first, first_ids, plan_));
-    if (!second_ids.empty()) {
-      edit.append_group(build_group(scheme_for(group.scheme, second.size()), second, second_ids, plan_));
-    }
+    edit.append_group(build_group(first_scheme, first, first_ids, plan_));
+    if (!second_ids.empty()) edit.append_group(build_group(second_scheme, second, second_ids, plan_));
     add(MoveKind::split, std::move(edit));
   }
 
@@ -738,6 +852,8 @@ const char* move_name(MoveKind kind) {
       return "grow";
     case MoveKind::dissolve:
       return "dissolve";
+    case MoveKind::level_step:
+      return "level-step";
     case MoveKind::count:
       break;
   }

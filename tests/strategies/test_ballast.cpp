@@ -346,6 +346,65 @@ TEST(BallastMoves, LevelLowersAStepManyRanksSet) {
   EXPECT_LT(leveled_s, 0.97 * step_s);
 }
 
+// Level-step: micro-batch 1's 8-GPU ring of a long document sets the step; micro-batch 0
+// holds four local documents on every rank. By each micro-batch's loads alone nothing is
+// out of balance in micro-batch 0 and the ring cannot shrink, but micro-batches are no
+// barriers: the ring's members can hand their micro-batch-0 documents to the other node,
+// idle in micro-batch 1. Only the third phase (whole_step) generates the move.
+TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  std::vector<Tokens> lengths(64, 2000);
+  lengths.push_back(48'000);
+  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  MicroBatch& first = plan.micro_batches.emplace_back();
+  for (int rank = 0; rank < 16; ++rank) {
+    AttentionGroup group;
+    group.scheme = Scheme::local;
+    group.ranks = {rank};
+    for (int i = 0; i < 4; ++i) group.sequences.push_back(whole_sequence(4 * rank + i, 2000, rank));
+    first.groups.push_back(group);
+  }
+  AttentionGroup ring;
+  ring.scheme = Scheme::ring;
+  ring.ranks = consecutive_ranks(0, 8);
+  ring.sequences.push_back({64, 48'000, zigzag_chunks_unpadded(48'000, ring.ranks)});
+  plan.micro_batches.emplace_back().groups.push_back(ring);
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  for (Loads loads : {Loads::with_sync, Loads::before_sync}) {
+    EXPECT_EQ(find_move(moves_of(plan, cost, evaluator, loads), MoveKind::level_step), nullptr);
+  }
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::whole_step);
+  for (const Move& move : moves) {
+    EXPECT_TRUE(move.kind == MoveKind::level_step || move.kind == MoveKind::split) << move_name(move.kind);
+  }
+  const Move* level = find_move(moves, MoveKind::level_step);
+  ASSERT_NE(level, nullptr);
+  ASSERT_EQ(level->edits.size(), 1u);
+  EXPECT_EQ(level->edits.front().index, 0);
+  const Plan leveled = apply_move(plan, *level);
+  ASSERT_TRUE(validate(leveled, cost).ok) << validate(leveled, cost).message;
+  // Documents only leave the ring's members (ranks 0-7) for the other node (8-15).
+  std::vector<int> documents(16, 0);
+  for (const AttentionGroup& group : leveled.micro_batches.front().groups) {
+    documents[static_cast<std::size_t>(group.ranks.front())] += static_cast<int>(group.sequences.size());
+  }
+  int moved = 0;
+  for (int rank = 0; rank < 16; ++rank) {
+    if (rank < 8) {
+      EXPECT_LE(documents[static_cast<std::size_t>(rank)], 4) << rank;
+      moved += 4 - documents[static_cast<std::size_t>(rank)];
+    } else {
+      EXPECT_GE(documents[static_cast<std::size_t>(rank)], 4) << rank;
+    }
+  }
+  EXPECT_GE(moved, 8);
+  const Seconds leveled_s = simulate(leveled, cost).step_time_s;
+  std::printf("level-step: %.4f s -> %.4f s, %d documents moved\n", step_s, leveled_s, moved);
+  EXPECT_LT(leveled_s, 0.97 * step_s);
+}
+
 // Grow: a ring holding the slowest ranks over the least-loaded ranks of another node as
 // well (here idle ones): a valid plan, faster.
 TEST(BallastMoves, GrowTakesTheLeastLoadedRanksOfANode) {
