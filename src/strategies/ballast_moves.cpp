@@ -155,6 +155,15 @@ class EditBuilder {
 };
 
 /// Ranks in ascending estimated time (ties: lower rank).
+/// The index of `rank`'s local group in `micro_batch` (-1: none).
+int local_group_of(const MicroBatch& micro_batch, int rank) {
+  const auto& groups = micro_batch.groups;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].scheme == Scheme::local && groups[g].ranks.front() == rank) return static_cast<int>(g);
+  }
+  return -1;
+}
+
 std::vector<int> ranks_by_load(const std::vector<Seconds>& rank_time_s) {
   std::vector<int> order(rank_time_s.size());
   std::iota(order.begin(), order.end(), 0);
@@ -493,10 +502,7 @@ class MoveGenerator {
       const int least = by_load.front();
       const Seconds gap_s = load_s[static_cast<std::size_t>(slowest)] - load_s[static_cast<std::size_t>(least)];
       const auto& groups = edit.micro_batch().groups;
-      int local = -1;
-      for (std::size_t g = 0; g < groups.size() && local < 0; ++g) {
-        if (groups[g].scheme == Scheme::local && groups[g].ranks.front() == slowest) local = static_cast<int>(g);
-      }
+      const int local = local_group_of(edit.micro_batch(), slowest);
       if (local < 0) break;
       const AttentionGroup& group = groups[static_cast<std::size_t>(local)];
       std::size_t best = group.sequences.size();
@@ -569,10 +575,7 @@ class MoveGenerator {
       const std::vector<int> by_load = ranks_by_load(load_s);
       const int slowest = by_load.back();
       const auto& groups = edit.micro_batch().groups;
-      int local = -1;
-      for (std::size_t g = 0; g < groups.size() && local < 0; ++g) {
-        if (groups[g].scheme == Scheme::local && groups[g].ranks.front() == slowest) local = static_cast<int>(g);
-      }
+      const int local = local_group_of(edit.micro_batch(), slowest);
       if (local < 0) break;
       // The sequence whose local time is closest to half the gap to the least-loaded rank
       // with room for it, below that gap.
