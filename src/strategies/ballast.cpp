@@ -223,19 +223,18 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
                      [&](std::size_t a, std::size_t b) { return step_s[a] < step_s[b]; });
     // Sideways candidates: an estimated step within kEstimateResolution of the current one,
     // freeing rank time; the most freed first.
-    std::vector<std::size_t> sideways;
+    // Level-step moves trade work between micro-batches, which the estimated step (the
+    // micro-batches' slowest ranks summed) cannot see: first among the sideways ones.
+    std::vector<std::size_t> sideways, level_steps;
     for (std::size_t i = 0; i < moves.size(); ++i) {
-      if (moves[i].kind == MoveKind::level_step) continue;
-      if (freed_s[i] > 0 && step_s[i] <= (1 + kEstimateResolution) * current_s) sideways.push_back(i);
+      if (moves[i].kind == MoveKind::level_step) {
+        level_steps.push_back(i);
+      } else if (freed_s[i] > 0 && step_s[i] <= (1 + kEstimateResolution) * current_s) {
+        sideways.push_back(i);
+      }
     }
     std::stable_sort(sideways.begin(), sideways.end(),
                      [&](std::size_t a, std::size_t b) { return freed_s[a] > freed_s[b]; });
-    // Level-step moves trade work between micro-batches, which the estimated step (the
-    // micro-batches' slowest ranks summed) cannot see: first among the sideways ones.
-    std::vector<std::size_t> level_steps;
-    for (std::size_t i = 0; i < moves.size(); ++i) {
-      if (moves[i].kind == MoveKind::level_step) level_steps.push_back(i);
-    }
     sideways.insert(sideways.begin(), level_steps.begin(), level_steps.end());
     std::vector<bool> tried(moves.size(), false);
     // Simulates up to `tries` of `order` not tried yet, each only until its step reaches

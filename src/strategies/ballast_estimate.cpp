@@ -340,11 +340,11 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
     if (linear_tokens[r] > 0) participates[r] = true;
     // Every rank pays the overhead, as in the simulator (sim/program.cpp).
     estimate.rank_time_s[r] += overhead_s;
-    estimate.time_s = std::max(estimate.time_s, estimate.rank_time_s[r]);
-    if (!participates[r]) continue;
-    estimate.rank_time_s[r] += forward_passes * cost.linear_time_s(linear_tokens[r], Pass::forward) +
-                               cost.linear_time_s(linear_tokens[r], Pass::backward) +
-                               cost.linear_collectives_time_s(linear_tokens[r]);
+    if (participates[r]) {
+      estimate.rank_time_s[r] += forward_passes * cost.linear_time_s(linear_tokens[r], Pass::forward) +
+                                 cost.linear_time_s(linear_tokens[r], Pass::backward) +
+                                 cost.linear_collectives_time_s(linear_tokens[r]);
+    }
     estimate.time_s = std::max(estimate.time_s, estimate.rank_time_s[r]);
   }
   return estimate;

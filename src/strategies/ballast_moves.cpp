@@ -154,7 +154,6 @@ class EditBuilder {
   MicroBatchEdit edit_;
 };
 
-/// Ranks in ascending estimated time (ties: lower rank).
 /// The index of `rank`'s local group in `micro_batch` (-1: none).
 int local_group_of(const MicroBatch& micro_batch, int rank) {
   const auto& groups = micro_batch.groups;
@@ -164,6 +163,18 @@ int local_group_of(const MicroBatch& micro_batch, int rank) {
   return -1;
 }
 
+/// Attention tokens each of `ranks` holds in `micro_batch` (what its memory must fit).
+std::vector<Tokens> attention_tokens_held(const MicroBatch& micro_batch, std::size_t ranks) {
+  std::vector<Tokens> held(ranks, 0);
+  for (const AttentionGroup& group : micro_batch.groups) {
+    for (const SequenceChunks& sequence : group.sequences) {
+      for (const Chunk& chunk : sequence.chunks) held[static_cast<std::size_t>(chunk.rank)] += chunk.size();
+    }
+  }
+  return held;
+}
+
+/// Ranks in ascending estimated time (ties: lower rank).
 std::vector<int> ranks_by_load(const std::vector<Seconds>& rank_time_s) {
   std::vector<int> order(rank_time_s.size());
   std::iota(order.begin(), order.end(), 0);
@@ -268,6 +279,11 @@ class MoveGenerator {
 
  private:
   bool full() const { return moves_.size() >= max_moves_; }
+  /// The attention tokens a rank may be dealt: kDealtCapacityShare of its capacity (the
+  /// groups' attention buffers take memory too, under 1% of it on the presets).
+  Tokens dealt_capacity_tokens() const {
+    return static_cast<Tokens>(kDealtCapacityShare * static_cast<double>(cost_.token_capacity_per_rank()));
+  }
   const MicroBatch& micro_batch(int m) const { return plan_.micro_batches[static_cast<std::size_t>(m)]; }
   const std::vector<Seconds>& loads(int m) const {
     return estimate_.micro_batches[static_cast<std::size_t>(m)].rank_time_s;
@@ -441,15 +457,9 @@ class MoveGenerator {
         load_s[static_cast<std::size_t>(local.ranks.front())] -= local_time_s(sequence.sequence_id);
       }
     }
-    // Attention tokens each rank holds with the grown group (what its memory must fit).
-    std::vector<Tokens> held(load_s.size(), 0);
-    for (const AttentionGroup& held_group : edit.micro_batch().groups) {
-      for (const SequenceChunks& sequence : held_group.sequences) {
-        for (const Chunk& chunk : sequence.chunks) held[static_cast<std::size_t>(chunk.rank)] += chunk.size();
-      }
-    }
-    // The groups' attention buffers take memory too (under 1% of it on the presets).
-    const auto capacity = static_cast<Tokens>(kDealtCapacityShare * static_cast<double>(cost_.token_capacity_per_rank()));
+    // Attention tokens each rank holds with the grown group.
+    std::vector<Tokens> held = attention_tokens_held(edit.micro_batch(), load_s.size());
+    const Tokens capacity = dealt_capacity_tokens();
     std::vector<std::pair<Seconds, std::int64_t>> by_time;
     for (std::int64_t id : ids) by_time.emplace_back(local_time_s(id), id);
     std::stable_sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -563,13 +573,8 @@ class MoveGenerator {
       for (std::size_t r = 0; r < ranks; ++r) load_s[r] += estimate.rank_time_s[r];
     }
     EditBuilder edit(plan_, m);
-    std::vector<Tokens> held(ranks, 0);
-    for (const AttentionGroup& group : edit.micro_batch().groups) {
-      for (const SequenceChunks& sequence : group.sequences) {
-        for (const Chunk& chunk : sequence.chunks) held[static_cast<std::size_t>(chunk.rank)] += chunk.size();
-      }
-    }
-    const auto capacity = static_cast<Tokens>(kDealtCapacityShare * static_cast<double>(cost_.token_capacity_per_rank()));
+    std::vector<Tokens> held = attention_tokens_held(edit.micro_batch(), ranks);
+    const Tokens capacity = dealt_capacity_tokens();
     int moved = 0;
     for (int round = 0; round < kMaxLevelMoves; ++round) {
       const std::vector<int> by_load = ranks_by_load(load_s);

@@ -293,6 +293,15 @@ std::vector<Move> moves_of(const Plan& plan, const CostModel& cost, const Simula
   return generate_moves(plan, anchored(raw, rank_offsets(raw, times)), cost, 256, loads);
 }
 
+/// A local group on `rank` of the documents `ids`, each `length` tokens long.
+AttentionGroup local_documents(int rank, const std::vector<std::int64_t>& ids, Tokens length) {
+  AttentionGroup group;
+  group.scheme = Scheme::local;
+  group.ranks = {rank};
+  for (std::int64_t id : ids) group.sequences.push_back(whole_sequence(id, length, rank));
+  return group;
+}
+
 /// The first move of `kind` (nullptr: none).
 const Move* find_move(const std::vector<Move>& moves, MoveKind kind) {
   const auto it = std::find_if(moves.begin(), moves.end(), [&](const Move& move) { return move.kind == kind; });
@@ -310,14 +319,10 @@ TEST(BallastMoves, LevelLowersAStepManyRanksSet) {
   Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
   MicroBatch& micro_batch = plan.micro_batches.emplace_back();
   for (int rank = 0; rank < 16; ++rank) {
-    AttentionGroup group;
-    group.scheme = Scheme::local;
-    group.ranks = {rank};
     const std::vector<std::int64_t> ids =
         rank < 8 ? std::vector<std::int64_t>{4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3}
                  : std::vector<std::int64_t>{32 + rank - 8};
-    for (std::int64_t id : ids) group.sequences.push_back(whole_sequence(id, 2000, rank));
-    micro_batch.groups.push_back(group);
+    micro_batch.groups.push_back(local_documents(rank, ids, 2000));
   }
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
   const Seconds step_s = simulate(plan, cost).step_time_s;
@@ -359,11 +364,7 @@ TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
   Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
   MicroBatch& first = plan.micro_batches.emplace_back();
   for (int rank = 0; rank < 16; ++rank) {
-    AttentionGroup group;
-    group.scheme = Scheme::local;
-    group.ranks = {rank};
-    for (int i = 0; i < 4; ++i) group.sequences.push_back(whole_sequence(4 * rank + i, 2000, rank));
-    first.groups.push_back(group);
+    first.groups.push_back(local_documents(rank, {4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3}, 2000));
   }
   AttentionGroup ring;
   ring.scheme = Scheme::ring;
@@ -454,11 +455,7 @@ TEST(BallastMoves, GrowDealsTheAddedRanksDocumentsWhereTheyWouldNotFit) {
   ring.sequences.push_back({0, long_tokens, zigzag_chunks_unpadded(long_tokens, ring.ranks)});
   micro_batch.groups.push_back(ring);
   for (int rank = 8; rank < 16; ++rank) {
-    AttentionGroup local;
-    local.scheme = Scheme::local;
-    local.ranks = {rank};
-    for (std::int64_t id : {2 * rank - 15, 2 * rank - 14}) local.sequences.push_back(whole_sequence(id, short_tokens, rank));
-    micro_batch.groups.push_back(local);
+    micro_batch.groups.push_back(local_documents(rank, {2 * rank - 15, 2 * rank - 14}, short_tokens));
   }
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
   int kept = 0, dealt = 0;
@@ -519,13 +516,7 @@ TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
                               zigzag_chunks_unpadded(lengths[static_cast<std::size_t>(id)], ring.ranks)});
   }
   micro_batch.groups.push_back(ring);
-  for (int rank = 8; rank < 16; ++rank) {
-    AttentionGroup local;
-    local.scheme = Scheme::local;
-    local.ranks = {rank};
-    local.sequences.push_back(whole_sequence(16 + rank - 8, 1000, rank));
-    micro_batch.groups.push_back(local);
-  }
+  for (int rank = 8; rank < 16; ++rank) micro_batch.groups.push_back(local_documents(rank, {16 + rank - 8}, 1000));
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
   const std::vector<Move> first_phase = moves_of(plan, cost, evaluator, Loads::with_sync);
   EXPECT_EQ(find_move(first_phase, MoveKind::dissolve), nullptr);
