@@ -302,6 +302,15 @@ AttentionGroup local_documents(int rank, const std::vector<std::int64_t>& ids, T
   return group;
 }
 
+/// A ring over `ranks` of the one document `id`, `length` tokens in unpadded zigzag chunks.
+AttentionGroup document_ring(std::int64_t id, Tokens length, const std::vector<int>& ranks) {
+  AttentionGroup ring;
+  ring.scheme = Scheme::ring;
+  ring.ranks = ranks;
+  ring.sequences.push_back({id, length, zigzag_chunks_unpadded(length, ring.ranks)});
+  return ring;
+}
+
 /// The first move of `kind` (nullptr: none).
 const Move* find_move(const std::vector<Move>& moves, MoveKind kind) {
   const auto it = std::find_if(moves.begin(), moves.end(), [&](const Move& move) { return move.kind == kind; });
@@ -366,11 +375,7 @@ TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
   for (int rank = 0; rank < 16; ++rank) {
     first.groups.push_back(local_documents(rank, {4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3}, 2000));
   }
-  AttentionGroup ring;
-  ring.scheme = Scheme::ring;
-  ring.ranks = consecutive_ranks(0, 8);
-  ring.sequences.push_back({64, 48'000, zigzag_chunks_unpadded(48'000, ring.ranks)});
-  plan.micro_batches.emplace_back().groups.push_back(ring);
+  plan.micro_batches.emplace_back().groups.push_back(document_ring(64, 48'000, consecutive_ranks(0, 8)));
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
   const Seconds step_s = simulate(plan, cost).step_time_s;
   for (Loads loads : {Loads::with_sync, Loads::before_sync}) {
@@ -412,11 +417,7 @@ TEST(BallastMoves, GrowTakesTheLeastLoadedRanksOfANode) {
   const CostModel& cost = *setups().front().cost;  // h100 2 x 8
   const SimulatorEvaluator evaluator(cost);
   Plan plan = make_plan_skeleton(make_batch({48'000}), cost, "ballast");
-  AttentionGroup ring;
-  ring.scheme = Scheme::ring;
-  ring.ranks = consecutive_ranks(0, 8);
-  ring.sequences.push_back({0, 48'000, zigzag_chunks_unpadded(48'000, ring.ranks)});
-  plan.micro_batches.emplace_back().groups.push_back(ring);
+  plan.micro_batches.emplace_back().groups.push_back(document_ring(0, 48'000, consecutive_ranks(0, 8)));
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
   const std::vector<Move> first_phase = moves_of(plan, cost, evaluator, Loads::with_sync);
   EXPECT_EQ(find_move(first_phase, MoveKind::grow), nullptr);
@@ -449,11 +450,7 @@ TEST(BallastMoves, GrowDealsTheAddedRanksDocumentsWhereTheyWouldNotFit) {
   for (int i = 0; i < 16; ++i) lengths.push_back(short_tokens);
   Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
   MicroBatch& micro_batch = plan.micro_batches.emplace_back();
-  AttentionGroup ring;
-  ring.scheme = Scheme::ring;
-  ring.ranks = consecutive_ranks(0, 8);
-  ring.sequences.push_back({0, long_tokens, zigzag_chunks_unpadded(long_tokens, ring.ranks)});
-  micro_batch.groups.push_back(ring);
+  micro_batch.groups.push_back(document_ring(0, long_tokens, consecutive_ranks(0, 8)));
   for (int rank = 8; rank < 16; ++rank) {
     micro_batch.groups.push_back(local_documents(rank, {2 * rank - 15, 2 * rank - 14}, short_tokens));
   }
