@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "ballast.hpp"
 #include "builders.hpp"
@@ -372,30 +373,117 @@ class MoveGenerator {
   /// ring) and as USP of each degree usp_degrees() offers; each twice: the added ranks keep
   /// their own groups (a level move can then take their local sequences elsewhere), or
   /// their local groups' sequences are dealt over the micro-batch (deal_locally), for when
-  /// a rank full of them could not also hold its share of the group.
+  /// a rank full of them could not also hold its share of the group. The least-loaded
+  /// ranks are often another group's members, which would then run both groups, so grow
+  /// also (i) takes them from the groups that hold them (displacing(): those shrink to
+  /// their other ranks and their longest sequence, their other sequences are dealt), and
+  /// (ii) grows onto the least-loaded ranks of one node that are in no other multi-rank
+  /// group, where those differ (zeppelin-h800-moe-wlbllm-128k step 0: a 107,561-token USP
+  /// group of 24 GPUs grows onto a node of local sequences, 0.245 -> 0.205 s).
   void grow(int m, int g) {
     const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
     const Cluster& cluster = cost_.cluster();
     std::vector<Seconds> load_s = loads(m);
     for (int rank : group.ranks) load_s[static_cast<std::size_t>(rank)] = kInfinity;
     const int count = std::min(static_cast<int>(group.ranks.size()), cluster.gpus_per_node);
-    std::vector<int> added = least_loaded_on_one_node(cluster, load_s, count);
-    if (added.empty()) return;
-    for (int rank : added) {
-      if (load_s[static_cast<std::size_t>(rank)] == kInfinity) return;  // no node had enough ranks outside
+    const std::vector<int> added = least_loaded_on_one_node(cluster, load_s, count);
+    if (!reachable(added, load_s)) return;
+    GrowBase without{EditBuilder(plan_, m), {}, std::vector<Seconds>(load_s.size(), 0.0)};
+    without.edit.erase_group(g);
+    grow_onto(m, g, added, without);
+    if (std::optional<GrowBase> displaced = displacing(m, g, added)) grow_onto(m, g, added, *displaced);
+    std::vector<Seconds> free_load_s = load_s;
+    for (const AttentionGroup& other : micro_batch(m).groups) {
+      if (other.ranks.size() < 2) continue;
+      for (int rank : other.ranks) free_load_s[static_cast<std::size_t>(rank)] = kInfinity;
     }
+    const std::vector<int> free_added = least_loaded_on_one_node(cluster, free_load_s, count);
+    if (free_added != added && reachable(free_added, free_load_s)) grow_onto(m, g, free_added, without);
+  }
+
+  /// Whether `ranks` is a node's set least_loaded_on_one_node found (non-empty, none of
+  /// them excluded by an infinite load).
+  static bool reachable(const std::vector<int>& ranks, const std::vector<Seconds>& load_s) {
+    return !ranks.empty() && std::none_of(ranks.begin(), ranks.end(), [&](int rank) {
+      return load_s[static_cast<std::size_t>(rank)] == kInfinity;
+    });
+  }
+
+  /// What grow starts from: the micro-batch without the grown group (and with the groups
+  /// it displaces shrunk), the sequences those gave up (dealt with the added ranks' local
+  /// ones) and what that did to each rank's estimated load.
+  struct GrowBase {
+    EditBuilder edit;
+    std::vector<std::int64_t> spilled;
+    std::vector<Seconds> load_delta_s;
+  };
+
+  /// Micro-batch m without group g, and every other multi-rank group that holds one of
+  /// `taken` over its other ranks with its longest sequence only (its scheme; the others
+  /// spilled): what grow needs to take another group's members for itself. Each rank's
+  /// load moves by the groups' shares (group_share_s) before and after, the longest
+  /// sequence's part of it (by local time) over the ranks left.
+  /// nullopt when no group holds one of them, or one cannot shrink under its scheme
+  /// (Ulysses beyond what the heads allow, USP whose Ulysses degree does not divide what
+  /// is left).
+  std::optional<GrowBase> displacing(int m, int g, const std::vector<int>& taken) const {
+    const auto& groups = micro_batch(m).groups;
+    std::vector<int> shrunk;
+    std::vector<AttentionGroup> rebuilt;
+    GrowBase base{EditBuilder(plan_, m), {}, std::vector<Seconds>(loads(m).size(), 0.0)};
+    for (std::size_t other = 0; other < groups.size(); ++other) {
+      const AttentionGroup& group = groups[other];
+      if (static_cast<int>(other) == g || group.ranks.size() < 2) continue;
+      std::vector<int> left;
+      for (int rank : group.ranks) {
+        if (!std::binary_search(taken.begin(), taken.end(), rank)) left.push_back(rank);
+      }
+      if (left.size() == group.ranks.size()) continue;
+      if (left.empty()) return std::nullopt;
+      const auto size = static_cast<int>(left.size());
+      if (size > 1 && group.scheme == Scheme::ulysses && !ulysses_group_allowed(cost_, size)) return std::nullopt;
+      if (size > 1 && group.scheme == Scheme::usp && size % group.ulysses_degree != 0) return std::nullopt;
+      std::int64_t longest = group.sequences.front().sequence_id;
+      Seconds local_s = 0;
+      for (const SequenceChunks& sequence : group.sequences) {
+        local_s += local_sequence_time_s(cost_, length_of(plan_, sequence.sequence_id));
+        if (length_of(plan_, sequence.sequence_id) > length_of(plan_, longest)) longest = sequence.sequence_id;
+      }
+      const Seconds all_s = group_share_s(m, group) * static_cast<double>(group.ranks.size());
+      for (const SequenceChunks& sequence : group.sequences) {
+        if (sequence.sequence_id != longest) base.spilled.push_back(sequence.sequence_id);
+      }
+      shrunk.push_back(static_cast<int>(other));
+      rebuilt.push_back(build_group(group.scheme, left, {longest}, plan_, group.ulysses_degree));
+      for (int rank : group.ranks) base.load_delta_s[static_cast<std::size_t>(rank)] -= all_s / static_cast<double>(group.ranks.size());
+      const Seconds kept_s = all_s * local_sequence_time_s(cost_, length_of(plan_, longest)) / local_s;
+      for (int rank : left) base.load_delta_s[static_cast<std::size_t>(rank)] += kept_s / static_cast<double>(left.size());
+    }
+    if (shrunk.empty()) return std::nullopt;
+    shrunk.push_back(g);
+    std::sort(shrunk.begin(), shrunk.end());
+    for (auto it = shrunk.rbegin(); it != shrunk.rend(); ++it) base.edit.erase_group(*it);
+    for (AttentionGroup& group : rebuilt) base.edit.append_group(std::move(group));
+    return base;
+  }
+
+  /// Grow's candidates for group g of micro-batch m onto ranks `added`, from `base`.
+  void grow_onto(int m, int g, const std::vector<int>& added, const GrowBase& base) {
+    const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
     std::vector<int> ranks = group.ranks;
     ranks.insert(ranks.end(), added.begin(), added.end());
     std::sort(ranks.begin(), ranks.end());
     const std::vector<std::int64_t> ids = ids_of(group);
     const auto size = static_cast<int>(ranks.size());
     const auto add_grown = [&](Scheme scheme, int degree) {
-      EditBuilder kept(plan_, m);
-      kept.erase_group(g);
-      EditBuilder evicting = kept;
-      kept.append_group(build_group(scheme, ranks, ids, plan_, degree));
-      add(MoveKind::grow, std::move(kept));
+      EditBuilder evicting = base.edit;
+      if (base.spilled.empty()) {  // else the spilled sequences must be dealt
+        EditBuilder kept = base.edit;
+        kept.append_group(build_group(scheme, ranks, ids, plan_, degree));
+        add(MoveKind::grow, std::move(kept));
+      }
       std::vector<std::int64_t> evicted = take_local_sequences(evicting, added);
+      evicted.insert(evicted.end(), base.spilled.begin(), base.spilled.end());
       if (evicted.empty()) return;
       // What no rank has room for joins the grown group, and the rest is dealt again
       // around the group that holds it (a few rounds: each only adds to the group).
@@ -403,7 +491,8 @@ class MoveGenerator {
       for (int round = 0; round < kGrowDealRounds; ++round) {
         EditBuilder dealt = evicting;
         dealt.append_group(build_group(scheme, ranks, joined, plan_, degree));
-        const std::vector<std::int64_t> unplaced = deal_locally(dealt, m, group, ranks, added, evicted);
+        const std::vector<std::int64_t> unplaced =
+            deal_locally(dealt, m, group, ranks, added, evicted, base.load_delta_s);
         if (unplaced.empty() || round + 1 == kGrowDealRounds) {
           add(MoveKind::grow, std::move(dealt));
           return;
@@ -435,20 +524,48 @@ class MoveGenerator {
     return ids;
   }
 
+  /// A multi-rank group's share of its members' loads in micro-batch m, the mean over its
+  /// members of what their loads hold beyond their other groups (those at their
+  /// sequences' local time shared over their ranks), and at least the group's own local
+  /// time shared over its ranks: a group's communication and scheme overheads stay with
+  /// it when it is resized, which its sequences' local time alone leaves out (a USP
+  /// group of 24 GPUs dealt 6K tokens of local sequences onto each of its members on
+  /// zeppelin-h800-moe-wlbllm-128k step 2).
+  Seconds group_share_s(int m, const AttentionGroup& group) const {
+    const auto share_s = [&](const AttentionGroup& other) {
+      Seconds time_s = 0;
+      for (const SequenceChunks& sequence : other.sequences) {
+        time_s += local_sequence_time_s(cost_, length_of(plan_, sequence.sequence_id));
+      }
+      return time_s / static_cast<double>(other.ranks.size());
+    };
+    const std::vector<Seconds>& load_s = loads(m);
+    Seconds measured_s = 0;
+    for (int rank : group.ranks) {
+      Seconds rest_s = load_s[static_cast<std::size_t>(rank)];
+      for (const AttentionGroup& other : micro_batch(m).groups) {
+        if (&other != &group && holds_rank(other, rank)) rest_s -= share_s(other);
+      }
+      measured_s += std::max(0.0, rest_s);
+    }
+    return std::max(share_s(group), measured_s / static_cast<double>(group.ranks.size()));
+  }
+
   /// Sequences `ids` local on the ranks with room for them, the longest local time first,
   /// each to the rank whose estimated load is least so far: micro-batch m's loads, without
-  /// the local groups taken from the `added` ranks, with `group`'s local time (its
-  /// sequences whole on one rank, local_sequence_time_s) shared by the grown group's
-  /// `ranks` instead of its own. Room: the rank's attention tokens with the grown group
-  /// within kDealtCapacityShare of the token capacity. Returns the ids no rank has room
-  /// for (not placed).
+  /// the local groups taken from the `added` ranks, with `group`'s share (group_share_s,
+  /// times its ranks) shared by the grown group's `ranks` instead of its own, plus
+  /// `load_delta_s` (what displaced groups changed).
+  /// Room: the rank's attention tokens with the grown group within kDealtCapacityShare of
+  /// the token capacity. Returns the ids no rank has room for (not placed).
   std::vector<std::int64_t> deal_locally(EditBuilder& edit, int m, const AttentionGroup& group,
                                          const std::vector<int>& ranks, const std::vector<int>& added,
-                                         const std::vector<std::int64_t>& ids) {
+                                         const std::vector<std::int64_t>& ids,
+                                         const std::vector<Seconds>& load_delta_s) {
     const auto local_time_s = [&](std::int64_t id) { return local_sequence_time_s(cost_, length_of(plan_, id)); };
-    Seconds group_s = 0;
-    for (const SequenceChunks& sequence : group.sequences) group_s += local_time_s(sequence.sequence_id);
+    const Seconds group_s = group_share_s(m, group) * static_cast<double>(group.ranks.size());
     std::vector<Seconds> load_s = loads(m);
+    for (std::size_t r = 0; r < load_s.size(); ++r) load_s[r] += load_delta_s[r];
     for (int rank : group.ranks) load_s[static_cast<std::size_t>(rank)] -= group_s / static_cast<double>(group.ranks.size());
     for (int rank : ranks) load_s[static_cast<std::size_t>(rank)] += group_s / static_cast<double>(ranks.size());
     for (const AttentionGroup& local : micro_batch(m).groups) {

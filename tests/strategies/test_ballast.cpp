@@ -493,6 +493,77 @@ TEST(BallastMoves, GrowDealsTheAddedRanksDocumentsWhereTheyWouldNotFit) {
   EXPECT_NE(best, nullptr);
 }
 
+// Grow onto another group's node: a 96K-token document on a ring of node 0 (the slowest
+// ranks); a ring over nodes 1-2 holding a 24K-token document and eight 2K ones (the
+// least-loaded ranks); two 6K-token local documents on each rank of node 3. Grow takes
+// node 1 from the other ring (displacing: that ring shrinks to node 2 with its longest
+// document, the eight short ones are dealt locally), and grows onto node 3, the
+// least-loaded node in no other group (its documents dealt). Both validate and both are
+// faster than the ring over nodes 0-1 that leaves node 1 running the other ring too.
+TEST(BallastMoves, GrowTakesAnotherGroupsRanksOrANodeOfLocalDocuments) {
+  const CostModel& cost = *setups()[3].cost;  // h100 4 x 8
+  const SimulatorEvaluator evaluator(cost);
+  std::vector<Tokens> lengths = {96'000, 24'000};
+  for (int i = 0; i < 8; ++i) lengths.push_back(2'000);
+  for (int i = 0; i < 16; ++i) lengths.push_back(6'000);
+  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  MicroBatch& micro_batch = plan.micro_batches.emplace_back();
+  micro_batch.groups.push_back(document_ring(0, 96'000, consecutive_ranks(0, 8)));
+  AttentionGroup other = document_ring(1, 24'000, consecutive_ranks(8, 16));
+  for (std::int64_t id = 2; id < 10; ++id) {
+    other.sequences.push_back({id, 2'000, zigzag_chunks_unpadded(2'000, other.ranks)});
+  }
+  micro_batch.groups.push_back(std::move(other));
+  for (int rank = 24; rank < 32; ++rank) {
+    const std::int64_t first = 10 + 2 * (rank - 24);
+    micro_batch.groups.push_back(local_documents(rank, {first, first + 1}, 6'000));
+  }
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  std::vector<int> node_0_and_3 = consecutive_ranks(0, 8);
+  for (int rank = 24; rank < 32; ++rank) node_0_and_3.push_back(rank);
+  Seconds shared_s = 0, displacing_s = 0, local_node_s = 0;
+  for (const Move& move : moves_of(plan, cost, evaluator, Loads::before_sync)) {
+    if (move.kind != MoveKind::grow) continue;
+    const Plan grown = apply_move(plan, move);
+    if (!validate(grown, cost).ok) continue;
+    const MicroBatch& result = grown.micro_batches.front();
+    const auto holding = [&](std::int64_t id) {
+      return *std::find_if(result.groups.begin(), result.groups.end(), [&](const AttentionGroup& g) {
+        return std::any_of(g.sequences.begin(), g.sequences.end(),
+                           [&](const SequenceChunks& s) { return s.sequence_id == id; });
+      });
+    };
+    const AttentionGroup& long_group = holding(0);
+    const AttentionGroup& second = holding(1);
+    Seconds* slot = nullptr;  // which of the three the move is, by the two documents' ranks
+    if (long_group.ranks == consecutive_ranks(0, 16) && second.ranks == consecutive_ranks(8, 16)) {
+      slot = &shared_s;
+    } else if (long_group.ranks == consecutive_ranks(0, 16)) {
+      slot = &displacing_s;
+      EXPECT_EQ(second.ranks, consecutive_ranks(16, 8));
+      EXPECT_EQ(second.sequences.size(), 1u);
+      EXPECT_EQ(holding(2).scheme, Scheme::local);  // a short document dealt
+    } else if (long_group.ranks == node_0_and_3) {
+      slot = &local_node_s;
+      EXPECT_EQ(second.ranks, consecutive_ranks(8, 16));
+    }
+    if (slot == nullptr) continue;
+    const Seconds grown_s = simulate(grown, cost).step_time_s;
+    if (*slot == 0 || grown_s < *slot) *slot = grown_s;
+  }
+  std::printf("grow onto node 1 with its ring: %.4f s, displacing it: %.4f s, onto node 3: %.4f s (was %.4f s)\n",
+              shared_s, displacing_s, local_node_s, step_s);
+  ASSERT_GT(displacing_s, 0);
+  ASSERT_GT(local_node_s, 0);
+  EXPECT_LT(displacing_s, step_s);
+  EXPECT_LT(local_node_s, step_s);
+  if (shared_s > 0) {
+    EXPECT_LT(displacing_s, shared_s);
+    EXPECT_LT(local_node_s, shared_s);
+  }
+}
+
 // Dissolve: a ring of sixteen short documents over eight ranks (the slowest: every step
 // of the ring moves KV) becomes local documents, two per rank, no communication; the
 // other variants keep the 1, 2, 4 or 8 longest in the ring and deal the rest. Only the
