@@ -141,11 +141,15 @@ Seconds usp_floor_s(Tokens length, int g, Seconds attention_s, const CostModel& 
 /// A time no group of any scheme or size runs the sequence in (docs/simulator.md section 7):
 /// the minimum over group sizes g (members hold >= length / g tokens, within the token
 /// capacity) of
-///   local (g = 1):         A
-///   ring, all-gather:      max(A / g, (g - 1) / g x KV bytes x (forward passes + 2) / B)
-///   Ulysses (g | heads/N): A / g + all-to-all floor (in: QKV / dO, out: O / dQKV, every pass)
-///   USP (g = u x r):       usp_floor_s()
-/// with A the attention floor of all passes and B the fastest receive bandwidth.
+///   local (g = 1):         A + L
+///   ring, all-gather:      L / g + max(A / g, (g - 1) / g x KV bytes x (forward passes + 2) / B)
+///   Ulysses (g | heads/N): (A + L) / g + all-to-all floor (in: QKV / dO, out: O / dQKV, every pass)
+///   USP (g = u x r):       L / g + usp_floor_s()
+/// with A the attention floor of all passes, L the linear modules' time of the sequence's
+/// tokens (every pass, with their TP and expert collectives' bandwidth time: proportional
+/// to the tokens, so its members' shares sum to L and the busiest runs >= L / g of it,
+/// serially with the attention, which needs the layer's QKV projection before it and gives
+/// the output projection its input) and B the fastest receive bandwidth.
 Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
   if (length <= 0) return 0.0;
   const Model& model = cost.model();
@@ -153,13 +157,16 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
   const int ranks = cluster.ranks();
   const Tokens capacity = cost.token_capacity_per_rank();
   const Seconds attention_s = attention_floor_s(length, cost);
+  const Seconds linear_s = model.forward_passes() * cost.linear_time_s(length, Pass::forward) +
+                           cost.linear_time_s(length, Pass::backward) +
+                           tensor_parallel_bandwidth_s(length, cost);
   const double bandwidth = fastest_receive_bytes_per_s(cluster);
   const double layers = model.layers;
   const double forward_passes = model.forward_passes();
   const double length_tokens = static_cast<double>(length);
   // Ulysses needs g to divide each TP member's heads (also with KV heads replicated).
   const int heads_per_rank = model.heads / std::max(1, cluster.tensor_parallel.gpus);
-  Seconds best_s = length <= capacity ? attention_s : INFINITY;
+  Seconds best_s = length <= capacity ? attention_s + linear_s : INFINITY;
   std::vector<int> members;
   std::vector<Bytes> member_bytes;
   for (int g = 2; g <= ranks; ++g) {
@@ -170,7 +177,7 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
     // and shares the compute; compute and transfers may overlap.
     const Seconds kv_s = layers * share * length_tokens * static_cast<double>(model.kv_bytes_per_token()) *
                          (forward_passes + 2.0) / bandwidth;
-    best_s = std::min(best_s, std::max(attention_s / g, kv_s));
+    best_s = std::min(best_s, linear_s / g + std::max(attention_s / g, kv_s));
     if (heads_per_rank % g != 0) continue;
     // Ulysses: the all-to-alls come before and after the attention (no overlap). Each
     // member receives (g - 1) / g of its share of the group's bytes; the cost model's own
@@ -189,11 +196,11 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
     const Seconds placed_total_s = (forward_passes + 1.0) * (placed_s(model.qkv_bytes_per_token()) +
                                                              placed_s(model.hidden_bytes_per_token()));
     all_to_all_s = std::min(all_to_all_s, placed_total_s);
-    best_s = std::min(best_s, attention_s / g + all_to_all_s);
+    best_s = std::min(best_s, (attention_s + linear_s) / g + all_to_all_s);
   }
   for (int g = 4; g <= ranks; ++g) {
     if (ceil_div(length, static_cast<Tokens>(g)) > capacity) continue;
-    best_s = std::min(best_s, usp_floor_s(length, g, attention_s, cost));
+    best_s = std::min(best_s, linear_s / g + usp_floor_s(length, g, attention_s, cost));
   }
   return std::isfinite(best_s) ? best_s : 0.0;
 }

@@ -82,6 +82,16 @@ TEST(LowerBound, ComputeSpreadOverRanks) {
   EXPECT_EQ(bound.binding, "compute spread over 2 ranks");
 }
 
+// The longest sequence's floor holds its linear modules' time as well as its attention:
+// on one rank the sequence is all the work, so the floor is the whole compute floor (100
+// tokens: linear 1 + 2, attention 5.05 + 10.1 = 18.15; attention alone was 15.15).
+TEST(LowerBound, LongestSequenceFloorHoldsItsLinearModules) {
+  FakeCostModel cost(fake_cluster(1, 1, 1), fake_model());
+  const LowerBound bound = lower_bound(std::vector<Tokens>{100}, cost);
+  EXPECT_NEAR(bound.longest_sequence_s, ms(18.15), kTolerance_s);
+  EXPECT_NEAR(bound.longest_sequence_s, bound.compute_per_rank_s, kTolerance_s);
+}
+
 TEST(LowerBound, FullRecomputationCountsTheForwardTwice) {
   Model model = fake_model();
   model.recompute = Recompute::full;
