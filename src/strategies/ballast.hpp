@@ -121,8 +121,9 @@ enum class Loads { with_sync, before_sync, whole_step };
 /// the fastest micro-batch, at most `max_moves` of them; then, marked off_critical_path,
 /// (c) for every other multi-rank group of each micro-batch, at most `max_moves` more.
 /// With Loads::before_sync also level, grow and dissolve (off the critical path too).
-/// With Loads::whole_step only level_step per micro-batch and, off the critical path, (d)
-/// splits of the groups without a micro-batch's slowest rank. Deterministic.
+/// With Loads::whole_step only level_step per micro-batch (into it and into each other one,
+/// swapping where none has room) and, off the critical path, (d) splits of the groups
+/// without a micro-batch's slowest rank. Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
 

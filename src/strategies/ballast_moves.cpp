@@ -21,6 +21,9 @@ constexpr std::size_t kSequencesPerGroup = 3;
 constexpr Seconds kInfinity = std::numeric_limits<Seconds>::infinity();
 /// Sequences one level move shifts at most.
 constexpr int kMaxLevelMoves = 256;
+/// Least-loaded ranks a level-step swap looks at for a partner (each pair of their local
+/// sequences is priced: a handful keeps it cheap).
+constexpr int kSwapPartners = 8;
 /// The share of a rank's token capacity a grow move deals sequences into: the rest is left
 /// for the groups' attention buffers (0.21-0.36 GiB of 72 on zeppelin-a800-13b-magi, ~0.5%).
 constexpr double kDealtCapacityShare = 0.98;
@@ -661,7 +664,13 @@ class MoveGenerator {
   std::vector<Move> whole_step_moves(const std::vector<int>& order) {
     for (int m : order) {
       if (full()) break;
-      level_step(m);
+      level_step(m, m);
+    }
+    for (int m : order) {
+      for (int to : order) {
+        if (full()) break;
+        if (to != m) level_step(m, to);
+      }
     }
     for (int m : order) {
       const std::vector<int> by_load = ranks_by_load(loads(m));
@@ -679,18 +688,23 @@ class MoveGenerator {
 
   /// Level by the step: like level(), local sequences of micro-batch m from the rank
   /// slowest over the whole step (its loads summed over the micro-batches) to the least
-  /// loaded one with room for them in m (attention tokens within kDealtCapacityShare of the
-  /// token capacity). Micro-batches are no barriers, so where one micro-batch's group sets
-  /// the step (a long document on a cross-node group), its members' local work in another
-  /// micro-batch can go to ranks that are idle in neither by m's loads alone.
-  void level_step(int m) {
+  /// loaded one with room for them in micro-batch `to` (attention tokens within
+  /// kDealtCapacityShare of the token capacity; `to` is m itself, or another micro-batch:
+  /// a rank's step is its micro-batches' times summed, so where m is full on the ranks
+  /// with slack, another micro-batch of theirs may still have room). Micro-batches are no
+  /// barriers, so where one micro-batch's group sets the step (a long document on a
+  /// cross-node group), its members' local work in another micro-batch can go to ranks
+  /// that are idle in neither by m's loads alone.
+  void level_step(int m, int to) {
     const std::size_t ranks = loads(m).size();
     std::vector<Seconds> load_s(ranks, 0.0);
     for (const MicroBatchEstimate& estimate : estimate_.micro_batches) {
       for (std::size_t r = 0; r < ranks; ++r) load_s[r] += estimate.rank_time_s[r];
     }
     EditBuilder edit(plan_, m);
-    std::vector<Tokens> held = attention_tokens_held(edit.micro_batch(), ranks);
+    EditBuilder target(plan_, to);
+    EditBuilder& receiving = to == m ? edit : target;
+    std::vector<Tokens> held = attention_tokens_held(receiving.micro_batch(), ranks);
     const Tokens capacity = dealt_capacity_tokens();
     int moved = 0;
     for (int round = 0; round < kMaxLevelMoves; ++round) {
@@ -727,17 +741,94 @@ class MoveGenerator {
           best_miss_s = miss_s;
         }
       }
-      if (best == group.sequences.size()) break;
+      if (best == group.sequences.size()) {
+        if (swap_step(edit, receiving, m == to, slowest, by_load, load_s, held)) {
+          ++moved;
+          continue;
+        }
+        break;
+      }
       const Tokens length = length_of(plan_, group.sequences[best].sequence_id);
       const std::int64_t id = edit.take_sequence(local, best);
-      edit.add_local(best_rank, id);
+      receiving.add_local(best_rank, id);
       load_s[static_cast<std::size_t>(slowest)] -= best_s;
       load_s[static_cast<std::size_t>(best_rank)] += best_s;
-      held[static_cast<std::size_t>(slowest)] -= length;
+      if (to == m) held[static_cast<std::size_t>(slowest)] -= length;
       held[static_cast<std::size_t>(best_rank)] += length;
       ++moved;
     }
-    if (moved >= 1) add(MoveKind::level_step, std::move(edit));
+    if (moved == 0) return;
+    if (to == m) {
+      add(MoveKind::level_step, std::move(edit));
+      return;
+    }
+    Move move{MoveKind::level_step, {}};
+    move.edits.push_back(edit.finish());
+    move.edits.push_back(target.finish());
+    if (move.edits[0].index > move.edits[1].index) std::swap(move.edits[0], move.edits[1]);
+    moves_.push_back(std::move(move));
+  }
+
+  /// level_step's move where no rank has room for any of the slowest rank's local
+  /// sequences (a rank's micro-batch holding most of the token capacity, as where a long
+  /// document's ring takes its share of every member): a swap of a sequence d of the
+  /// slowest rank's local group in `edit` with a shorter one e of one of the
+  /// kSwapPartners least-loaded ranks' local groups in `receiving` (d fits there once e
+  /// has left; e fits where d was), the pair whose shift of local time is closest to half
+  /// the gap between the two ranks, below it. `same`: edit and receiving are one
+  /// micro-batch (held then counts the slowest rank's tokens too). Whether one was made.
+  bool swap_step(EditBuilder& edit, EditBuilder& receiving, bool same, int slowest,
+                 const std::vector<int>& by_load, std::vector<Seconds>& load_s, std::vector<Tokens>& held) {
+    const Tokens capacity = dealt_capacity_tokens();
+    const int source = local_group_of(edit.micro_batch(), slowest);
+    if (source < 0) return false;
+    const AttentionGroup& given = edit.micro_batch().groups[static_cast<std::size_t>(source)];
+    std::int64_t best_d = -1, best_e = -1;
+    int best_rank = -1;
+    Seconds best_shift_s = 0, best_miss_s = 0;
+    int partners = 0;
+    for (int rank : by_load) {
+      if (rank == slowest || partners == kSwapPartners) break;
+      const int target = local_group_of(receiving.micro_batch(), rank);
+      if (target < 0) continue;
+      ++partners;
+      const Seconds gap_s = load_s[static_cast<std::size_t>(slowest)] - load_s[static_cast<std::size_t>(rank)];
+      for (const SequenceChunks& d : given.sequences) {
+        const Tokens d_tokens = length_of(plan_, d.sequence_id);
+        const Seconds d_s = local_sequence_time_s(cost_, d_tokens);
+        for (const SequenceChunks& e : receiving.micro_batch().groups[static_cast<std::size_t>(target)].sequences) {
+          const Tokens e_tokens = length_of(plan_, e.sequence_id);
+          if (e_tokens >= d_tokens || held[static_cast<std::size_t>(rank)] - e_tokens + d_tokens > capacity) continue;
+          const Seconds shift_s = d_s - local_sequence_time_s(cost_, e_tokens);
+          if (shift_s <= 0 || shift_s >= gap_s) continue;
+          const Seconds miss_s = std::abs(shift_s - gap_s / 2);
+          if (best_d < 0 || miss_s < best_miss_s) {
+            best_d = d.sequence_id;
+            best_e = e.sequence_id;
+            best_rank = rank;
+            best_shift_s = shift_s;
+            best_miss_s = miss_s;
+          }
+        }
+      }
+    }
+    if (best_d < 0) return false;
+    const auto index_of = [](const AttentionGroup& group, std::int64_t id) {
+      std::size_t s = 0;
+      while (group.sequences[s].sequence_id != id) ++s;
+      return s;
+    };
+    edit.take_sequence(source, index_of(given, best_d));
+    const int target = local_group_of(receiving.micro_batch(), best_rank);
+    receiving.take_sequence(target, index_of(receiving.micro_batch().groups[static_cast<std::size_t>(target)], best_e));
+    edit.add_local(slowest, best_e);
+    receiving.add_local(best_rank, best_d);
+    const Tokens shift_tokens = length_of(plan_, best_d) - length_of(plan_, best_e);
+    held[static_cast<std::size_t>(best_rank)] += shift_tokens;
+    if (same) held[static_cast<std::size_t>(slowest)] -= shift_tokens;
+    load_s[static_cast<std::size_t>(slowest)] -= best_shift_s;
+    load_s[static_cast<std::size_t>(best_rank)] += best_shift_s;
+    return true;
   }
 
   /// (a) A sequence of the slowest rank's local group to the least-loaded rank, the ones

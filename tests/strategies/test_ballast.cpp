@@ -411,6 +411,87 @@ TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
   EXPECT_LT(leveled_s, 0.97 * step_s);
 }
 
+// Level-step into another micro-batch: micro-batch 0 holds a long document's ring over
+// ranks 0-7 (90% of each member's token capacity) and one 30% document on each of ranks
+// 8-15; micro-batch 1 holds three 30% documents on every rank (full). Ranks 0-7 are the
+// slowest over the step, but micro-batch 1 has no room anywhere and their micro-batch 0
+// holds no local documents: only a move from their micro-batch 1 into ranks 8-15's
+// micro-batch 0 levels the step.
+TEST(BallastMoves, LevelStepMovesDocumentsIntoAnotherMicroBatchWithRoom) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  const Tokens capacity = cost.token_capacity_per_rank();
+  const Tokens long_tokens = 8 * (capacity * 9 / 10);
+  const Tokens short_tokens = capacity * 3 / 10;
+  std::vector<Tokens> lengths = {long_tokens};
+  for (int i = 0; i < 8 + 48; ++i) lengths.push_back(short_tokens);
+  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  MicroBatch& first = plan.micro_batches.emplace_back();
+  first.groups.push_back(document_ring(0, long_tokens, consecutive_ranks(0, 8)));
+  for (int rank = 8; rank < 16; ++rank) first.groups.push_back(local_documents(rank, {rank - 7}, short_tokens));
+  MicroBatch& second = plan.micro_batches.emplace_back();
+  for (int rank = 0; rank < 16; ++rank) {
+    const std::int64_t id = 9 + 3 * rank;
+    second.groups.push_back(local_documents(rank, {id, id + 1, id + 2}, short_tokens));
+  }
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::whole_step);
+  const auto across = std::find_if(moves.begin(), moves.end(), [](const Move& move) {
+    return move.kind == MoveKind::level_step && move.edits.size() == 2;
+  });
+  ASSERT_NE(across, moves.end());
+  const Plan leveled = apply_move(plan, *across);
+  ASSERT_TRUE(validate(leveled, cost).ok) << validate(leveled, cost).message;
+  int received = 0;  // documents ranks 8-15 hold in micro-batch 0 beyond their own
+  for (const AttentionGroup& group : leveled.micro_batches.front().groups) {
+    if (group.scheme == Scheme::local && group.ranks.front() >= 8) received += static_cast<int>(group.sequences.size()) - 1;
+  }
+  EXPECT_GE(received, 4);
+  const Seconds leveled_s = simulate(leveled, cost).step_time_s;
+  std::printf("level-step across micro-batches: %.4f s -> %.4f s, %d documents moved\n", step_s, leveled_s, received);
+  EXPECT_LT(leveled_s, step_s);
+}
+
+// Level-step by swaps: rank 0 holds two 45% documents, every other rank three 20% ones
+// (60% of the capacity: no room for a 45% document), so no document can move as it is;
+// a 45% document for a 20% one leaves both ranks within the capacity and lowers rank 0's
+// attention (the longer documents cost more per token).
+TEST(BallastMoves, LevelStepSwapsWhereNoRankHasRoom) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  const Tokens capacity = cost.token_capacity_per_rank();
+  const Tokens long_tokens = capacity * 45 / 100;
+  const Tokens short_tokens = capacity * 20 / 100;
+  std::vector<Tokens> lengths = {long_tokens, long_tokens};
+  for (int i = 0; i < 45; ++i) lengths.push_back(short_tokens);
+  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  MicroBatch& micro_batch = plan.micro_batches.emplace_back();
+  micro_batch.groups.push_back(local_documents(0, {0, 1}, long_tokens));
+  for (int rank = 1; rank < 16; ++rank) {
+    const std::int64_t id = 2 + 3 * (rank - 1);
+    micro_batch.groups.push_back(local_documents(rank, {id, id + 1, id + 2}, short_tokens));
+  }
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::whole_step);
+  const Move* level = find_move(moves, MoveKind::level_step);
+  ASSERT_NE(level, nullptr);
+  const Plan leveled = apply_move(plan, *level);
+  ASSERT_TRUE(validate(leveled, cost).ok) << validate(leveled, cost).message;
+  const MicroBatch& result = leveled.micro_batches.front();
+  const auto on_rank_0 = std::find_if(result.groups.begin(), result.groups.end(),
+                                      [](const AttentionGroup& g) { return g.ranks.front() == 0; });
+  ASSERT_NE(on_rank_0, result.groups.end());
+  int long_on_rank_0 = 0;
+  for (const SequenceChunks& sequence : on_rank_0->sequences) long_on_rank_0 += sequence.sequence_id < 2 ? 1 : 0;
+  EXPECT_EQ(long_on_rank_0, 1);  // one 45% document swapped out
+  EXPECT_EQ(on_rank_0->sequences.size(), 2u);
+  const Seconds leveled_s = simulate(leveled, cost).step_time_s;
+  std::printf("level-step by a swap: %.4f s -> %.4f s\n", step_s, leveled_s);
+  EXPECT_LT(leveled_s, step_s);
+}
+
 // Grow: a ring holding the slowest ranks over the least-loaded ranks of another node as
 // well (here idle ones): a valid plan, faster.
 TEST(BallastMoves, GrowTakesTheLeastLoadedRanksOfANode) {
