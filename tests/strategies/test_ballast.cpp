@@ -311,6 +311,23 @@ AttentionGroup document_ring(std::int64_t id, Tokens length, const std::vector<i
   return ring;
 }
 
+/// A plan skeleton (no micro-batch yet) of one document of 8 x 90% of a rank's token
+/// capacity (id 0: a ring of 8 fills its members to 90%) and `shorts` documents of 30%
+/// (ids 1 to `shorts`), with the two lengths.
+struct RingAndShorts {
+  Plan plan;
+  Tokens long_tokens = 0;
+  Tokens short_tokens = 0;
+};
+RingAndShorts ring_and_shorts(const CostModel& cost, int shorts) {
+  const Tokens capacity = cost.token_capacity_per_rank();
+  RingAndShorts made{{}, 8 * (capacity * 9 / 10), capacity * 3 / 10};
+  std::vector<Tokens> lengths = {made.long_tokens};
+  for (int i = 0; i < shorts; ++i) lengths.push_back(made.short_tokens);
+  made.plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  return made;
+}
+
 /// The first move of `kind` (nullptr: none).
 const Move* find_move(const std::vector<Move>& moves, MoveKind kind) {
   const auto it = std::find_if(moves.begin(), moves.end(), [&](const Move& move) { return move.kind == kind; });
@@ -420,12 +437,7 @@ TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
 TEST(BallastMoves, LevelStepMovesDocumentsIntoAnotherMicroBatchWithRoom) {
   const CostModel& cost = *setups().front().cost;  // h100 2 x 8
   const SimulatorEvaluator evaluator(cost);
-  const Tokens capacity = cost.token_capacity_per_rank();
-  const Tokens long_tokens = 8 * (capacity * 9 / 10);
-  const Tokens short_tokens = capacity * 3 / 10;
-  std::vector<Tokens> lengths = {long_tokens};
-  for (int i = 0; i < 8 + 48; ++i) lengths.push_back(short_tokens);
-  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  auto [plan, long_tokens, short_tokens] = ring_and_shorts(cost, 8 + 48);
   MicroBatch& first = plan.micro_batches.emplace_back();
   first.groups.push_back(document_ring(0, long_tokens, consecutive_ranks(0, 8)));
   for (int rank = 8; rank < 16; ++rank) first.groups.push_back(local_documents(rank, {rank - 7}, short_tokens));
@@ -524,12 +536,7 @@ TEST(BallastMoves, GrowTakesTheLeastLoadedRanksOfANode) {
 TEST(BallastMoves, GrowDealsTheAddedRanksDocumentsWhereTheyWouldNotFit) {
   const CostModel& cost = *setups().front().cost;  // h100 2 x 8
   const SimulatorEvaluator evaluator(cost);
-  const Tokens capacity = cost.token_capacity_per_rank();
-  const Tokens long_tokens = 8 * (capacity * 9 / 10);
-  const Tokens short_tokens = capacity * 3 / 10;
-  std::vector<Tokens> lengths = {long_tokens};
-  for (int i = 0; i < 16; ++i) lengths.push_back(short_tokens);
-  Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
+  auto [plan, long_tokens, short_tokens] = ring_and_shorts(cost, 16);
   MicroBatch& micro_batch = plan.micro_batches.emplace_back();
   micro_batch.groups.push_back(document_ring(0, long_tokens, consecutive_ranks(0, 8)));
   for (int rank = 8; rank < 16; ++rank) {
