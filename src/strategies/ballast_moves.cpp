@@ -293,6 +293,14 @@ class MoveGenerator {
     return estimate_.micro_batches[static_cast<std::size_t>(m)].rank_time_s;
   }
   void add(MoveKind kind, EditBuilder edit) { moves_.push_back({kind, {edit.finish()}}); }
+  /// A move of two micro-batches (edits in ascending index).
+  void add(MoveKind kind, EditBuilder first, EditBuilder second) {
+    Move move{kind, {}};
+    move.edits.push_back(first.finish());
+    move.edits.push_back(second.finish());
+    if (move.edits[0].index > move.edits[1].index) std::swap(move.edits[0], move.edits[1]);
+    moves_.push_back(std::move(move));
+  }
 
   /// Slowest first (ties: lower index).
   std::vector<int> micro_batches_by_time() const {
@@ -478,6 +486,7 @@ class MoveGenerator {
     std::sort(ranks.begin(), ranks.end());
     const std::vector<std::int64_t> ids = ids_of(group);
     const auto size = static_cast<int>(ranks.size());
+    const Seconds group_s = group_share_s(m, group) * static_cast<double>(group.ranks.size());
     const auto add_grown = [&](Scheme scheme, int degree) {
       EditBuilder evicting = base.edit;
       if (base.spilled.empty()) {  // else the spilled sequences must be dealt
@@ -495,7 +504,7 @@ class MoveGenerator {
         EditBuilder dealt = evicting;
         dealt.append_group(build_group(scheme, ranks, joined, plan_, degree));
         const std::vector<std::int64_t> unplaced =
-            deal_locally(dealt, m, group, ranks, added, evicted, base.load_delta_s);
+            deal_locally(dealt, m, group, group_s, ranks, added, evicted, base.load_delta_s);
         if (unplaced.empty() || round + 1 == kGrowDealRounds) {
           add(MoveKind::grow, std::move(dealt));
           return;
@@ -556,17 +565,16 @@ class MoveGenerator {
 
   /// Sequences `ids` local on the ranks with room for them, the longest local time first,
   /// each to the rank whose estimated load is least so far: micro-batch m's loads, without
-  /// the local groups taken from the `added` ranks, with `group`'s share (group_share_s,
-  /// times its ranks) shared by the grown group's `ranks` instead of its own, plus
-  /// `load_delta_s` (what displaced groups changed).
+  /// the local groups taken from the `added` ranks, with `group`'s share `group_s`
+  /// (group_share_s times its ranks) shared by the grown group's `ranks` instead of its
+  /// own, plus `load_delta_s` (what displaced groups changed).
   /// Room: the rank's attention tokens with the grown group within kDealtCapacityShare of
   /// the token capacity. Returns the ids no rank has room for (not placed).
-  std::vector<std::int64_t> deal_locally(EditBuilder& edit, int m, const AttentionGroup& group,
+  std::vector<std::int64_t> deal_locally(EditBuilder& edit, int m, const AttentionGroup& group, Seconds group_s,
                                          const std::vector<int>& ranks, const std::vector<int>& added,
                                          const std::vector<std::int64_t>& ids,
                                          const std::vector<Seconds>& load_delta_s) {
     const auto local_time_s = [&](std::int64_t id) { return local_sequence_time_s(cost_, length_of(plan_, id)); };
-    const Seconds group_s = group_share_s(m, group) * static_cast<double>(group.ranks.size());
     std::vector<Seconds> load_s = loads(m);
     for (std::size_t r = 0; r < load_s.size(); ++r) load_s[r] += load_delta_s[r];
     for (int rank : group.ranks) load_s[static_cast<std::size_t>(rank)] -= group_s / static_cast<double>(group.ranks.size());
@@ -760,13 +768,9 @@ class MoveGenerator {
     if (moved == 0) return;
     if (to == m) {
       add(MoveKind::level_step, std::move(edit));
-      return;
+    } else {
+      add(MoveKind::level_step, std::move(edit), std::move(target));
     }
-    Move move{MoveKind::level_step, {}};
-    move.edits.push_back(edit.finish());
-    move.edits.push_back(target.finish());
-    if (move.edits[0].index > move.edits[1].index) std::swap(move.edits[0], move.edits[1]);
-    moves_.push_back(std::move(move));
   }
 
   /// level_step's move where no rank has room for any of the slowest rank's local
@@ -1029,11 +1033,7 @@ class MoveGenerator {
           const std::int64_t id = source.take_sequence(static_cast<int>(g), s);
           target.add_local(least, id);
         }
-        Move move{MoveKind::to_micro_batch, {}};
-        move.edits.push_back(source.finish());
-        move.edits.push_back(target.finish());
-        if (move.edits[0].index > move.edits[1].index) std::swap(move.edits[0], move.edits[1]);
-        moves_.push_back(std::move(move));
+        add(MoveKind::to_micro_batch, std::move(source), std::move(target));
       }
     }
   }
