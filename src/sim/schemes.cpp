@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 
 #include "ballast/error.hpp"
 #include "ballast/plan_layout.hpp"
@@ -28,20 +27,35 @@ struct GroupLayout {
   std::vector<std::vector<GroupChunk>> chunks;  ///< per position, ordered by sequence
 };
 
-GroupLayout layout_of(const AttentionGroup& group) {
-  std::map<int, int> position_of_rank;
+/// Each member's position in group.ranks, indexed by rank (-1: not a member).
+std::vector<int> positions_by_rank(const AttentionGroup& group) {
+  const int last =
+      group.ranks.empty() ? -1 : *std::max_element(group.ranks.begin(), group.ranks.end());
+  std::vector<int> positions(static_cast<std::size_t>(last + 1), -1);
   for (std::size_t i = 0; i < group.ranks.size(); ++i) {
-    position_of_rank[group.ranks[i]] = static_cast<int>(i);
+    positions[static_cast<std::size_t>(group.ranks[i])] = static_cast<int>(i);
   }
+  return positions;
+}
+
+/// The position of the member holding a chunk on `rank`.
+int position_of(const std::vector<int>& positions, int rank) {
+  const bool known = rank >= 0 && static_cast<std::size_t>(rank) < positions.size();
+  const int position = known ? positions[static_cast<std::size_t>(rank)] : -1;
+  BALLAST_CHECK(position >= 0, "a validated plan has chunks on group ranks");
+  return position;
+}
+
+GroupLayout layout_of(const AttentionGroup& group) {
+  const std::vector<int> position_of_rank = positions_by_rank(group);
   GroupLayout layout;
   layout.tokens.assign(group.ranks.size(), 0);
   layout.chunks.resize(group.ranks.size());
   for (std::size_t s = 0; s < group.sequences.size(); ++s) {
     for (const Chunk& chunk : group.sequences[s].chunks) {
-      const auto it = position_of_rank.find(chunk.rank);
-      BALLAST_CHECK(it != position_of_rank.end(), "a validated plan has chunks on group ranks");
-      layout.tokens[it->second] += chunk.size();
-      layout.chunks[it->second].push_back(
+      const int position = position_of(position_of_rank, chunk.rank);
+      layout.tokens[position] += chunk.size();
+      layout.chunks[position].push_back(
           {static_cast<int>(s), chunk.begin_tokens, chunk.end_tokens});
     }
   }
@@ -69,8 +83,7 @@ Seconds attention_time_s(const CostModel& cost, const std::vector<AttentionBlock
 /// packed cluster only.
 std::vector<std::vector<DocumentRange>> member_spans(const BuildContext& ctx,
                                                      const AttentionGroup& group) {
-  std::map<int, std::size_t> position_of_rank;
-  for (std::size_t i = 0; i < group.ranks.size(); ++i) position_of_rank[group.ranks[i]] = i;
+  const std::vector<int> position_of_rank = positions_by_rank(group);
   std::vector<std::vector<DocumentRange>> spans(group.ranks.size());
   for (std::size_t s = 0; s < group.sequences.size(); ++s) {
     const SequenceChunks& sequence = group.sequences[s];
@@ -80,10 +93,9 @@ std::vector<std::vector<DocumentRange>> member_spans(const BuildContext& ctx,
     const Tokens length = ctx.sequence_lengths_tokens[id];
     for (const Chunk& chunk : sequence.chunks) {
       const Tokens end = std::min(chunk.end_tokens, length);
-      const auto it = position_of_rank.find(chunk.rank);
-      BALLAST_CHECK(it != position_of_rank.end(), "a validated plan has chunks on group ranks");
+      const int position = position_of(position_of_rank, chunk.rank);
       if (chunk.begin_tokens < end) {
-        spans[it->second].push_back({static_cast<std::int64_t>(s), chunk.begin_tokens, end});
+        spans[position].push_back({static_cast<std::int64_t>(s), chunk.begin_tokens, end});
       }
     }
   }
@@ -101,9 +113,11 @@ Seconds call_time_s(const CostModel& cost, std::span<const DocumentRange> querie
 bool tiles_packed(const BuildContext& ctx) { return ctx.cost.cluster().attention_tiles_packed; }
 
 /// Ring step: every own chunk as queries against every chunk of the block owner as keys,
-/// per sequence; blocks the causal mask empties are dropped.
-std::vector<AttentionBlock> ring_step_blocks(const GroupLayout& layout, int own, int owner) {
-  std::vector<AttentionBlock> blocks;
+/// per sequence; blocks the causal mask empties are dropped. Written to `blocks` (a
+/// buffer the caller reuses over the steps), returned.
+const std::vector<AttentionBlock>& ring_step_blocks(const GroupLayout& layout, int own, int owner,
+                                                    std::vector<AttentionBlock>& blocks) {
+  blocks.clear();
   const auto& queries = layout.chunks[own];
   const auto& keys = layout.chunks[owner];
   std::size_t first_key = 0;
@@ -324,12 +338,14 @@ void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const auto spans = tiles_packed(ctx) ? member_spans(ctx, group)
                                        : std::vector<std::vector<DocumentRange>>();
   // Packed: own tokens against the owner's, one call (runtime: its ring loop).
+  std::vector<AttentionBlock> blocks;
   add_ring_steps(
       ctx, ring,
       [&](int i, int owner) {
         return tiles_packed(ctx)
                    ? call_time_s(ctx.cost, spans[i], spans[owner], 1, pass)
-                   : attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner), 1, pass);
+                   : attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner, blocks), 1,
+                                      pass);
       },
       pass);
 }
@@ -358,11 +374,10 @@ void add_usp(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   stages.tokens.assign(static_cast<std::size_t>(r), 0);
   stages.chunks.resize(static_cast<std::size_t>(r));
   {
-    std::map<int, int> position_of_rank;
-    for (int i = 0; i < size; ++i) position_of_rank[group.ranks[i]] = i;
+    const std::vector<int> position_of_rank = positions_by_rank(group);
     for (std::size_t s = 0; s < group.sequences.size(); ++s) {
       for (const Chunk& chunk : group.sequences[s].chunks) {
-        const int stage = stage_of(position_of_rank.at(chunk.rank));
+        const int stage = stage_of(position_of(position_of_rank, chunk.rank));
         stages.tokens[stage] += chunk.size();
         stages.chunks[stage].push_back({static_cast<int>(s), chunk.begin_tokens, chunk.end_tokens});
       }
@@ -404,10 +419,19 @@ void add_usp(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   }
   const Bytes kv_per_token = usp_kv_bytes_per_token(model, tensor_parallel, u);
   const std::vector<Bytes> block_bytes = bytes_per_member(stages, kv_per_token);
+  // Every member m of a stage computes the same stage-against-stage steps: each (stage,
+  // owner) is priced once, on first use, for the u rings.
+  std::vector<Seconds> step_s(static_cast<std::size_t>(r) * r, -1.0);
+  std::vector<AttentionBlock> blocks;
   const auto compute_s = [&](int stage, int owner) {
-    return tiles_packed(ctx)
-               ? call_time_s(ctx.cost, stage_spans[stage], stage_spans[owner], u, pass)
-               : attention_time_s(ctx.cost, ring_step_blocks(stages, stage, owner), u, pass);
+    Seconds& known_s = step_s[static_cast<std::size_t>(stage) * r + owner];
+    if (known_s < 0) {
+      known_s = tiles_packed(ctx)
+                    ? call_time_s(ctx.cost, stage_spans[stage], stage_spans[owner], u, pass)
+                    : attention_time_s(ctx.cost, ring_step_blocks(stages, stage, owner, blocks),
+                                       u, pass);
+    }
+    return known_s;
   };
   for (int m = 0; m < u; ++m) {
     RingSteps ring{{}, block_bytes, {}, 1, 1, "usp", fmt::format("u{} r{}", u, r)};
