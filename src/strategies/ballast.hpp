@@ -113,7 +113,8 @@ struct Move {
 /// part (PlanEvaluation::rank_time_s), or without it (rank_time_before_sync_s: what the
 /// rank could still take on before the sync). `whole_step` is the third phase: loads
 /// before the sync, and only the moves that act across micro-batches (level_step, and
-/// splits off the critical path that feed it).
+/// splits off the critical path that feed it) or are only tried on the plan the first two
+/// phases left (groups' stages transposed across nodes).
 enum class Loads { with_sync, before_sync, whole_step };
 
 /// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
@@ -122,8 +123,10 @@ enum class Loads { with_sync, before_sync, whole_step };
 /// (c) for every other multi-rank group of each micro-batch, at most `max_moves` more.
 /// With Loads::before_sync also level, grow and dissolve (off the critical path too).
 /// With Loads::whole_step only level_step per micro-batch (into it and into each other one,
-/// swapping where none has room) and, off the critical path, (d) splits of the groups
-/// without a micro-batch's slowest rank. Deterministic.
+/// swapping where none has room), (c) for every group over several nodes as USP with its
+/// stages across the nodes and its rings inside them (grow offers that layout too) and,
+/// off the critical path, (d) splits of the groups without a micro-batch's slowest rank.
+/// Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
 

@@ -487,11 +487,12 @@ class MoveGenerator {
     const std::vector<std::int64_t> ids = ids_of(group);
     const auto size = static_cast<int>(ranks.size());
     const Seconds group_s = group_share_s(m, group) * static_cast<double>(group.ranks.size());
-    const auto add_grown = [&](Scheme scheme, int degree) {
+    // `order`: the grown group's ranks in group order (its members, sorted, by default).
+    const auto add_grown = [&](Scheme scheme, int degree, const std::vector<int>& order) {
       EditBuilder evicting = base.edit;
       if (base.spilled.empty()) {  // else the spilled sequences must be dealt
         EditBuilder kept = base.edit;
-        kept.append_group(build_group(scheme, ranks, ids, plan_, degree));
+        kept.append_group(build_group(scheme, order, ids, plan_, degree));
         add(MoveKind::grow, std::move(kept));
       }
       std::vector<std::int64_t> evicted = take_local_sequences(evicting, added);
@@ -502,7 +503,7 @@ class MoveGenerator {
       std::vector<std::int64_t> joined = ids;
       for (int round = 0; round < kGrowDealRounds; ++round) {
         EditBuilder dealt = evicting;
-        dealt.append_group(build_group(scheme, ranks, joined, plan_, degree));
+        dealt.append_group(build_group(scheme, order, joined, plan_, degree));
         const std::vector<std::int64_t> unplaced =
             deal_locally(dealt, m, group, group_s, ranks, added, evicted, base.load_delta_s);
         if (unplaced.empty() || round + 1 == kGrowDealRounds) {
@@ -517,11 +518,14 @@ class MoveGenerator {
     };
     if (group.scheme == Scheme::ring || group.scheme == Scheme::all_gather ||
         (group.scheme == Scheme::ulysses && ulysses_group_allowed(cost_, size))) {
-      add_grown(group.scheme, 1);
+      add_grown(group.scheme, 1, ranks);
     } else {
-      add_grown(Scheme::ring, 1);
+      add_grown(Scheme::ring, 1, ranks);
     }
-    for (int degree : usp_degrees(ranks)) add_grown(Scheme::usp, degree);
+    for (int degree : usp_degrees(ranks)) add_grown(Scheme::usp, degree, ranks);
+    if (const Transposed transposed = stages_across_nodes(ranks); transposed.ulysses_degree > 0) {
+      add_grown(Scheme::usp, transposed.ulysses_degree, transposed.ranks);
+    }
   }
 
   /// Removes the local groups of `ranks` from the edit; returns their sequences' ids.
@@ -679,6 +683,10 @@ class MoveGenerator {
         if (full()) break;
         if (to != m) level_step(m, to);
       }
+    }
+    for (int m : order) {
+      const auto& groups = micro_batch(m).groups;
+      for (std::size_t g = 0; g < groups.size() && !full(); ++g) transpose_stages(m, static_cast<int>(g));
     }
     for (int m : order) {
       const std::vector<int> by_load = ranks_by_load(loads(m));
@@ -892,6 +900,51 @@ class MoveGenerator {
       edit.replace_group(g, build_group(Scheme::usp, group.ranks, ids_of(group), plan_, degree));
       add(MoveKind::change_scheme, std::move(edit));
     }
+  }
+
+  /// (c) in the third phase: group g of micro-batch m as USP with its stages across its
+  /// nodes and its rings inside them (stages_across_nodes()), where it spans several.
+  void transpose_stages(int m, int g) {
+    const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
+    std::vector<int> members = group.ranks;
+    std::sort(members.begin(), members.end());
+    const Transposed transposed = stages_across_nodes(members);
+    if (transposed.ulysses_degree == 0 || (group.scheme == Scheme::usp && group.ranks == transposed.ranks)) return;
+    EditBuilder edit(plan_, m);
+    edit.replace_group(g, build_group(Scheme::usp, transposed.ranks, ids_of(group), plan_, transposed.ulysses_degree));
+    add(MoveKind::change_scheme, std::move(edit));
+  }
+
+  /// A USP layout: the group's ranks in order and its Ulysses degree (0: none).
+  struct Transposed {
+    std::vector<int> ranks;
+    int ulysses_degree = 0;
+  };
+
+  /// The sorted `ranks` as a USP group whose stages cross the nodes and whose rings stay
+  /// inside them: stage s holds the s-th member of every node (u = the nodes),
+  /// so member m's ring runs on node m's NVLink and only the all-to-alls cross nodes (per
+  /// member (u - 1) / u of its tokens' QKV and output, against a ring's KV of every other
+  /// stage). None unless the ranks hold the same number (>= 2) on each of >= 2 nodes and
+  /// a Ulysses group of that many ranks is allowed. (usp_degrees() places stages inside
+  /// nodes, as USP does; this is the transposed layout.)
+  Transposed stages_across_nodes(const std::vector<int>& ranks) const {
+    std::vector<std::vector<int>> by_node;  // sorted ranks: a node's members are adjacent
+    for (int rank : ranks) {
+      if (by_node.empty() || !cost_.cluster().same_node(rank, by_node.back().front())) by_node.emplace_back();
+      by_node.back().push_back(rank);
+    }
+    const auto nodes = static_cast<int>(by_node.size());
+    if (nodes < 2 || !ulysses_group_allowed(cost_, nodes)) return {};
+    const std::size_t per_node = by_node.front().size();
+    for (const std::vector<int>& members : by_node) {
+      if (members.size() != per_node || per_node < 2) return {};
+    }
+    Transposed transposed{{}, nodes};
+    for (std::size_t s = 0; s < per_node; ++s) {
+      for (const std::vector<int>& members : by_node) transposed.ranks.push_back(members[s]);
+    }
+    return transposed;
   }
 
   /// Ulysses degrees u of a USP group over `ranks` (in their order) the search tries: the

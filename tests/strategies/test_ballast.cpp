@@ -428,6 +428,40 @@ TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
   EXPECT_LT(leveled_s, 0.97 * step_s);
 }
 
+// The third phase transposes a group over two nodes into USP with its stages across the
+// nodes and its rings inside them: on a800-roce (4 NICs of 24 GB/s for 8 GPUs) a long
+// document's ring over both nodes sends KV over the NICs at every step; transposed, each
+// member's ring runs on its node's NVLink and only the all-to-alls of stages {i, 8 + i}
+// cross. Only the third phase generates the move (grow offers it for groups it grows).
+TEST(BallastMoves, WholeStepTransposesAGroupOverTwoNodes) {
+  const CostModel& cost = *setups()[1].cost;  // a800-roce 2 x 8, llama-7b
+  const SimulatorEvaluator evaluator(cost);
+  const Tokens length = 16 * (usable_tokens_per_rank(cost, Scheme::ring, 16) * 6 / 10);
+  Plan plan = make_plan_skeleton(make_batch({length}), cost, "ballast");
+  plan.micro_batches.emplace_back().groups.push_back(document_ring(0, length, consecutive_ranks(0, 16)));
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const std::vector<int> transposed = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
+  const auto is_transposed = [&](const Move& move) {
+    if (move.kind != MoveKind::change_scheme) return false;
+    const Plan moved = apply_move(plan, move);
+    const AttentionGroup& group = moved.micro_batches.front().groups.front();
+    return group.scheme == Scheme::usp && group.ranks == transposed && group.ulysses_degree == 2;
+  };
+  for (Loads loads : {Loads::with_sync, Loads::before_sync}) {
+    const std::vector<Move> moves = moves_of(plan, cost, evaluator, loads);
+    EXPECT_TRUE(std::none_of(moves.begin(), moves.end(), is_transposed));
+  }
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::whole_step);
+  const auto move = std::find_if(moves.begin(), moves.end(), is_transposed);
+  ASSERT_NE(move, moves.end());
+  const Plan moved = apply_move(plan, *move);
+  ASSERT_TRUE(validate(moved, cost).ok) << validate(moved, cost).message;
+  const Seconds ring_s = simulate(plan, cost).step_time_s;
+  const Seconds transposed_s = simulate(moved, cost).step_time_s;
+  std::printf("ring of 16 over 2 nodes %.4f s, transposed usp (u=2, r=8) %.4f s\n", ring_s, transposed_s);
+  EXPECT_LT(transposed_s, 0.95 * ring_s);
+}
+
 // Level-step into another micro-batch: micro-batch 0 holds a long document's ring over
 // ranks 0-7 (90% of each member's token capacity) and one 30% document on each of ranks
 // 8-15; micro-batch 1 holds three 30% documents on every rank (full). Ranks 0-7 are the
@@ -562,7 +596,9 @@ TEST(BallastMoves, GrowDealsTheAddedRanksDocumentsWhereTheyWouldNotFit) {
     const auto group = std::find_if(result.groups.begin(), result.groups.end(),
                                     [](const AttentionGroup& g) { return g.ranks.size() > 1; });
     ASSERT_NE(group, result.groups.end());
-    EXPECT_EQ(group->ranks, consecutive_ranks(0, 16));
+    std::vector<int> members = group->ranks;  // in order, or transposed (USP across nodes)
+    std::sort(members.begin(), members.end());
+    EXPECT_EQ(members, consecutive_ranks(0, 16));
     EXPECT_EQ(group->sequences.size(), 1u);
     int on_node_0 = 0;  // short documents dealt onto the ring's old members
     for (const AttentionGroup& g : result.groups) {
