@@ -937,8 +937,9 @@ class MoveGenerator {
     const auto nodes = static_cast<int>(by_node.size());
     if (nodes < 2 || !ulysses_group_allowed(cost_, nodes)) return {};
     const std::size_t per_node = by_node.front().size();
+    if (per_node < 2) return {};
     for (const std::vector<int>& members : by_node) {
-      if (members.size() != per_node || per_node < 2) return {};
+      if (members.size() != per_node) return {};
     }
     Transposed transposed{{}, nodes};
     for (std::size_t s = 0; s < per_node; ++s) {

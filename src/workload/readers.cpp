@@ -110,7 +110,7 @@ void read_line_lengths(const std::string& path, std::string_view text, Dataset& 
 
 Tokens json_element_length(const std::string& path, std::size_t index,
                            const nlohmann::json& element) {
-  if (element.is_number_unsigned() || element.is_number_integer()) {  // no message built
+  if (element.is_number_integer()) {  // signed or unsigned; a valid one builds no message
     const auto value = element.get<std::int64_t>();
     if (value > 0 && value <= kMaxDocumentTokens) return value;
   }
