@@ -1,12 +1,15 @@
-// ballast: the best plan of a portfolio of the other strategies, improved by a
-// deterministic local search whose moves an incremental estimate screens and the caller's
-// evaluator (the simulator) confirms (docs/strategies.md, "ballast").
+// ballast: the best plan of a portfolio of the other strategies (and of seeds built from
+// the winner's plan of all but the longest sequences), improved by a deterministic local
+// search whose moves an incremental estimate screens and the caller's evaluator (the
+// simulator) confirms (docs/strategies.md, "ballast").
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <optional>
 #include <tuple>
 
 #include "ballast.hpp"
@@ -96,7 +99,8 @@ long long budget_of(const PlannerOptions& options) {
 /// (evaluate_below the best so far; a member listed earlier wins a tie), so the result is
 /// the one of portfolio order.
 Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
-                       const PlanEvaluator& evaluator, PlanEvaluation& best_evaluation) {
+                       const PlanEvaluator& evaluator, PlanEvaluation& best_evaluation,
+                       const Planner*& winner) {
   const PlannerOptions member = member_options(options);
   const std::vector<const Planner*> members = portfolio_of(options);
   std::optional<Plan> best;
@@ -120,6 +124,7 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
     if (evaluation.step_time_s >= bound_s) continue;
     best_evaluation = std::move(evaluation);
     best = std::move(plan);
+    winner = planner;
   }
   if (!best) {
     const auto longest = std::max_element(batch.lengths_tokens.begin(), batch.lengths_tokens.end());
@@ -130,6 +135,118 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
   }
   best->strategy = kName;
   return std::move(*best);
+}
+
+/// Longest sequences a seed sets apart (k = 1 .. this many).
+constexpr std::size_t kMaxSeedSequences = 3;
+
+/// `rest`'s micro-batches with its sequence ids mapped to the batch's (`ids[i]` is rest's
+/// sequence i).
+std::vector<MicroBatch> renumbered(std::vector<MicroBatch> micro_batches, const std::vector<std::int64_t>& ids) {
+  for (MicroBatch& micro_batch : micro_batches) {
+    for (AttentionGroup& group : micro_batch.groups) {
+      for (SequenceChunks& sequence : group.sequences) {
+        sequence.sequence_id = ids[static_cast<std::size_t>(sequence.sequence_id)];
+      }
+    }
+    for (LinearSlice& slice : micro_batch.linear_layout) {
+      slice.sequence_id = ids[static_cast<std::size_t>(slice.sequence_id)];
+    }
+  }
+  return micro_batches;
+}
+
+/// `group` added to `micro_batch` (run after its other groups; a remapped layout holds its
+/// chunks where attention does).
+void add_group(MicroBatch& micro_batch, AttentionGroup group) {
+  const auto index = static_cast<int>(micro_batch.groups.size());
+  if (!micro_batch.linear_layout.empty()) {
+    for (const SequenceChunks& sequence : group.sequences) {
+      for (const Chunk& chunk : sequence.chunks) {
+        micro_batch.linear_layout.push_back({chunk.rank, sequence.sequence_id, chunk.begin_tokens, chunk.end_tokens});
+      }
+    }
+  }
+  if (!micro_batch.queues.empty()) {
+    for (int rank : group.ranks) micro_batch.queues[static_cast<std::size_t>(rank)].push_back(index);
+  }
+  micro_batch.groups.push_back(std::move(group));
+}
+
+/// The seeds: for k = 1 .. kMaxSeedSequences, the batch's k longest sequences together
+/// over every rank (the layout of whole_cluster_groups() the estimate finds fastest) and
+/// the others planned by `winner` (the portfolio's best), the long group either in a
+/// micro-batch of its own ahead of theirs or added to the one the estimate finds the
+/// shortest. A long document that every strategy splits over a few ranks (FlexSP's
+/// largest Ulysses group, Zeppelin's inter-node ring) can run faster on all of them while
+/// the short ones pack as before. The fastest by the evaluator replaces `best` when it is
+/// faster.
+bool try_seeds(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+               const PlanEvaluator& evaluator, const Planner& winner, Plan& best,
+               PlanEvaluation& best_evaluation) {
+  bool found = false;
+  const std::size_t count = batch.lengths_tokens.size();
+  std::vector<std::int64_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+    return batch.lengths_tokens[static_cast<std::size_t>(a)] > batch.lengths_tokens[static_cast<std::size_t>(b)];
+  });
+  const PlannerOptions member = member_options(options);
+  std::vector<Seconds> local_time_s;
+  for (Tokens length : batch.lengths_tokens) local_time_s.push_back(local_sequence_time_s(cost, length));
+  for (std::size_t k = 1; k <= kMaxSeedSequences && k < count; ++k) {
+    std::vector<std::int64_t> long_ids(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+    std::vector<std::int64_t> rest_ids(order.begin() + static_cast<std::ptrdiff_t>(k), order.end());
+    std::sort(long_ids.begin(), long_ids.end());
+    std::sort(rest_ids.begin(), rest_ids.end());
+    Plan seed = make_plan_skeleton(batch, cost, kName);
+    std::optional<AttentionGroup> long_group;
+    Seconds long_s = kInfinity;
+    for (AttentionGroup& group : whole_cluster_groups(long_ids, seed, cost)) {
+      const GroupEstimate estimate = estimate_group(group, cost, evaluator);
+      const Seconds time_s = *std::max_element(estimate.member_time_s.begin(), estimate.member_time_s.end());
+      if (time_s < long_s) {
+        long_s = time_s;
+        long_group = std::move(group);
+      }
+    }
+    // What the seed cannot beat by the estimate: the long group, then the rest spread
+    // evenly. A seed that cannot beat the best by it is not planned (planning the rest
+    // costs about what the winner's plan did).
+    Seconds rest_s = 0;
+    for (std::int64_t id : rest_ids) rest_s += local_time_s[static_cast<std::size_t>(id)];
+    if (long_s + rest_s / cost.cluster().ranks() >= best_evaluation.step_time_s) continue;
+    std::vector<Tokens> rest_lengths;
+    for (std::int64_t id : rest_ids) rest_lengths.push_back(batch.lengths_tokens[static_cast<std::size_t>(id)]);
+    Plan rest;
+    try {
+      rest = winner.plan(make_batch(std::move(rest_lengths), batch.step), cost, member, evaluator);
+    } catch (const PlanningError&) {
+      continue;
+    } catch (const InputError&) {
+      continue;
+    }
+    seed.micro_batches = renumbered(std::move(rest.micro_batches), rest_ids);
+    const PlanEstimate rest_estimate = estimate_plan(seed, cost, evaluator);
+    std::size_t shortest = 0;
+    for (std::size_t m = 1; m < rest_estimate.micro_batches.size(); ++m) {
+      if (rest_estimate.micro_batches[m].time_s < rest_estimate.micro_batches[shortest].time_s) shortest = m;
+    }
+    Plan own = seed;
+    own.micro_batches.insert(own.micro_batches.begin(), MicroBatch{{*long_group}, {}, {}});
+    Plan shared = std::move(seed);
+    add_group(shared.micro_batches[shortest], std::move(*long_group));
+    for (Plan* candidate : {&own, &shared}) {
+      if (!validate(*candidate, cost).ok) continue;  // e.g. a rank out of memory
+      const Seconds bound_s = best_evaluation.step_time_s;
+      PlanEvaluation evaluation = evaluator.evaluate_below(*candidate, bound_s);
+      if (evaluation.step_time_s >= bound_s) continue;
+      best_evaluation = std::move(evaluation);
+      best = std::move(*candidate);
+      found = true;
+    }
+  }
+  return found;
 }
 
 /// The ranks' times summed (what a move frees where it leaves the slowest rank alone).
@@ -279,20 +396,36 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
   return plan;
 }
 
+/// The three phases of the local search from `plan` (whose evaluation is `evaluation`, on
+/// exit the returned plan's): `budget` simulations for the first two together, half as
+/// many more for the third.
+Plan search(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const PlanEvaluator& evaluator,
+            long long budget) {
+  SearchBudget left{budget, kScreenedMovesPerSimulation * budget};
+  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::with_sync, left);
+  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::before_sync, left);
+  // The third phase has its own budget, half the others': where the first two spent
+  // theirs it would get nothing, and it is the one that moves work across micro-batches.
+  SearchBudget whole_step{budget / 2, kScreenedMovesPerSimulation * (budget / 2)};
+  return improve(std::move(plan), evaluation, cost, evaluator, Loads::whole_step, whole_step);
+}
+
 class BallastPlanner final : public Planner {
  public:
   std::string name() const override { return kName; }
   std::string description() const override {
-    return "the best plan of the other strategies (simulated), improved by a budgeted local "
-           "search over groups, schemes and micro-batches";
+    return "the best plan of the other strategies (simulated) and of seeds that set the "
+           "longest sequences apart over every rank, improved by a budgeted local search over "
+           "groups, schemes and micro-batches";
   }
   std::vector<PlannerParameter> parameters() const override {
     return {{"portfolio", "strategies to start from, joined by '+', e.g. "
                           "portfolio=flexsp-fast+zeppelin [default: every other registered "
                           "strategy but flexsp]"},
             {"budget", fmt::format("simulations the local search may spend (its third phase, "
-                                   "across micro-batches, half as many more); 0 keeps the "
-                                   "portfolio's best [default: {}]",
+                                   "across micro-batches, half as many more; as many again "
+                                   "from a seed that starts faster); 0 keeps the portfolio's "
+                                   "best [default: {}]",
                                    kDefaultBudgetSimulations)}};
   }
   void check_options(const PlannerOptions& options) const override {
@@ -328,15 +461,19 @@ class BallastPlanner final : public Planner {
             const PlanEvaluator& evaluator) const override {
     make_plan_skeleton(batch, cost, kName);  // the input checks, before any member runs
     PlanEvaluation evaluation;
-    Plan best = best_of_portfolio(batch, cost, options, evaluator, evaluation);
+    const Planner* winner = nullptr;
+    Plan best = best_of_portfolio(batch, cost, options, evaluator, evaluation, winner);
     const long long budget = budget_of(options);
-    SearchBudget left{budget, kScreenedMovesPerSimulation * budget};
-    best = improve(std::move(best), evaluation, cost, evaluator, Loads::with_sync, left);
-    best = improve(std::move(best), evaluation, cost, evaluator, Loads::before_sync, left);
-    // The third phase has its own budget, half the others': where the first two spent
-    // theirs it would get nothing, and it is the one that moves work across micro-batches.
-    SearchBudget whole_step{budget / 2, kScreenedMovesPerSimulation * (budget / 2)};
-    return improve(std::move(best), evaluation, cost, evaluator, Loads::whole_step, whole_step);
+    if (budget == 0) return best;
+    // The seeds' best, when it starts faster than the portfolio's, is searched from too:
+    // the search from either may end faster (each keeps its own budget).
+    Plan seed = best;
+    PlanEvaluation seed_evaluation = evaluation;
+    const bool seeded = try_seeds(batch, cost, options, evaluator, *winner, seed, seed_evaluation);
+    best = search(std::move(best), evaluation, cost, evaluator, budget);
+    if (!seeded) return best;
+    seed = search(std::move(seed), seed_evaluation, cost, evaluator, budget);
+    return seed_evaluation.step_time_s < evaluation.step_time_s ? seed : best;
   }
 };
 

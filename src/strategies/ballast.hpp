@@ -26,6 +26,10 @@ namespace ballast::strategies::ballast_search {
 /// of a TP group, KV heads replicated when it exceeds them).
 bool ulysses_group_allowed(const CostModel& cost, int group_ranks);
 
+/// Time of one sequence alone on one rank (attention + linear, both passes): what a move
+/// shifts from one rank to another.
+Seconds local_sequence_time_s(const CostModel& cost, Tokens length);
+
 /// One group's estimated time on each member (both passes, forward weighted by
 /// pass_count), attention and the communication it waits for; no linear layers.
 struct GroupEstimate {
@@ -129,6 +133,13 @@ enum class Loads { with_sync, before_sync, whole_step };
 /// Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
+
+/// Groups over every rank of the cluster holding the sequences `ids` (of `plan`) whole, one
+/// per layout the search knows: a ring; Ulysses where the heads allow it; USP with stages
+/// inside nodes (each degree the moves offer) and with stages across nodes. One local
+/// group on a one-rank cluster.
+std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>& ids, const Plan& plan,
+                                                const CostModel& cost);
 
 /// `plan` with the move's micro-batches replaced.
 Plan apply_move(const Plan& plan, const Move& move);

@@ -210,8 +210,8 @@ std::vector<int> least_loaded_on_one_node(const Cluster& cluster,
   return best;
 }
 
-/// Time of one sequence alone on one rank (attention + linear, both passes): what a move
-/// shifts from one rank to another.
+}  // namespace
+
 Seconds local_sequence_time_s(const CostModel& cost, Tokens length) {
   Seconds time_s = 0;
   const AttentionBlock block = whole_document(length);
@@ -221,6 +221,8 @@ Seconds local_sequence_time_s(const CostModel& cost, Tokens length) {
   }
   return time_s;
 }
+
+namespace {
 
 /// Indices of the sequences of `group` to try: the kSequencesPerGroup whose local time is
 /// closest to `ideal_s` (ties: lower index).
@@ -256,6 +258,58 @@ std::vector<int> node_group_sizes(const Cluster& cluster) {
   for (int size = 2; size < cluster.gpus_per_node; size *= 2) sizes.push_back(size);
   if (cluster.gpus_per_node >= 2) sizes.push_back(cluster.gpus_per_node);
   return sizes;
+}
+
+/// A USP layout: the group's ranks in order and its Ulysses degree (0: none).
+struct Transposed {
+  std::vector<int> ranks;
+  int ulysses_degree = 0;
+};
+
+/// The sorted `ranks` as a USP group whose stages cross the nodes and whose rings stay
+/// inside them: stage s holds the s-th member of every node (u = the nodes),
+/// so member m's ring runs on node m's NVLink and only the all-to-alls cross nodes (per
+/// member (u - 1) / u of its tokens' QKV and output, against a ring's KV of every other
+/// stage). None unless the ranks hold the same number (>= 2) on each of >= 2 nodes and
+/// a Ulysses group of that many ranks is allowed. (usp_degrees() places stages inside
+/// nodes, as USP does; this is the transposed layout.)
+Transposed stages_across_nodes(const std::vector<int>& ranks, const CostModel& cost) {
+  std::vector<std::vector<int>> by_node;  // sorted ranks: a node's members are adjacent
+  for (int rank : ranks) {
+    if (by_node.empty() || !cost.cluster().same_node(rank, by_node.back().front())) by_node.emplace_back();
+    by_node.back().push_back(rank);
+  }
+  const auto nodes = static_cast<int>(by_node.size());
+  if (nodes < 2 || !ulysses_group_allowed(cost, nodes)) return {};
+  const std::size_t per_node = by_node.front().size();
+  if (per_node < 2) return {};
+  for (const std::vector<int>& members : by_node) {
+    if (members.size() != per_node) return {};
+  }
+  Transposed transposed{{}, nodes};
+  for (std::size_t s = 0; s < per_node; ++s) {
+    for (const std::vector<int>& members : by_node) transposed.ranks.push_back(members[s]);
+  }
+  return transposed;
+}
+
+/// Ulysses degrees u of a USP group over `ranks` (in their order) the search tries: the
+/// largest and the second largest u >= 2 with at least two stages, every stage of u
+/// consecutive members on one node (the all-to-all on NVLink, the ring across nodes, as
+/// USP places them) and u allowed by the heads (ulysses_group_allowed).
+std::vector<int> usp_degrees(const std::vector<int>& ranks, const CostModel& cost) {
+  const auto size = static_cast<int>(ranks.size());
+  std::vector<int> degrees;
+  for (int u = size / 2; u >= 2 && degrees.size() < 2; --u) {
+    if (size % u != 0 || !ulysses_group_allowed(cost, u)) continue;
+    bool on_one_node = true;
+    for (int i = 0; i < size && on_one_node; ++i) {
+      on_one_node = cost.cluster().same_node(ranks[static_cast<std::size_t>(i)],
+                                              ranks[static_cast<std::size_t>(i - i % u)]);
+    }
+    if (on_one_node) degrees.push_back(u);
+  }
+  return degrees;
 }
 
 class MoveGenerator {
@@ -522,8 +576,8 @@ class MoveGenerator {
     } else {
       add_grown(Scheme::ring, 1, ranks);
     }
-    for (int degree : usp_degrees(ranks)) add_grown(Scheme::usp, degree, ranks);
-    if (const Transposed transposed = stages_across_nodes(ranks); transposed.ulysses_degree > 0) {
+    for (int degree : usp_degrees(ranks, cost_)) add_grown(Scheme::usp, degree, ranks);
+    if (const Transposed transposed = stages_across_nodes(ranks, cost_); transposed.ulysses_degree > 0) {
       add_grown(Scheme::usp, transposed.ulysses_degree, transposed.ranks);
     }
   }
@@ -894,7 +948,7 @@ class MoveGenerator {
       edit.replace_group(g, build_group(scheme, group.ranks, ids_of(group), plan_));
       add(MoveKind::change_scheme, std::move(edit));
     }
-    for (int degree : usp_degrees(group.ranks)) {
+    for (int degree : usp_degrees(group.ranks, cost_)) {
       if (group.scheme == Scheme::usp && degree == group.ulysses_degree) continue;
       EditBuilder edit(plan_, m);
       edit.replace_group(g, build_group(Scheme::usp, group.ranks, ids_of(group), plan_, degree));
@@ -908,63 +962,11 @@ class MoveGenerator {
     const AttentionGroup& group = micro_batch(m).groups[static_cast<std::size_t>(g)];
     std::vector<int> members = group.ranks;
     std::sort(members.begin(), members.end());
-    const Transposed transposed = stages_across_nodes(members);
+    const Transposed transposed = stages_across_nodes(members, cost_);
     if (transposed.ulysses_degree == 0 || (group.scheme == Scheme::usp && group.ranks == transposed.ranks)) return;
     EditBuilder edit(plan_, m);
     edit.replace_group(g, build_group(Scheme::usp, transposed.ranks, ids_of(group), plan_, transposed.ulysses_degree));
     add(MoveKind::change_scheme, std::move(edit));
-  }
-
-  /// A USP layout: the group's ranks in order and its Ulysses degree (0: none).
-  struct Transposed {
-    std::vector<int> ranks;
-    int ulysses_degree = 0;
-  };
-
-  /// The sorted `ranks` as a USP group whose stages cross the nodes and whose rings stay
-  /// inside them: stage s holds the s-th member of every node (u = the nodes),
-  /// so member m's ring runs on node m's NVLink and only the all-to-alls cross nodes (per
-  /// member (u - 1) / u of its tokens' QKV and output, against a ring's KV of every other
-  /// stage). None unless the ranks hold the same number (>= 2) on each of >= 2 nodes and
-  /// a Ulysses group of that many ranks is allowed. (usp_degrees() places stages inside
-  /// nodes, as USP does; this is the transposed layout.)
-  Transposed stages_across_nodes(const std::vector<int>& ranks) const {
-    std::vector<std::vector<int>> by_node;  // sorted ranks: a node's members are adjacent
-    for (int rank : ranks) {
-      if (by_node.empty() || !cost_.cluster().same_node(rank, by_node.back().front())) by_node.emplace_back();
-      by_node.back().push_back(rank);
-    }
-    const auto nodes = static_cast<int>(by_node.size());
-    if (nodes < 2 || !ulysses_group_allowed(cost_, nodes)) return {};
-    const std::size_t per_node = by_node.front().size();
-    if (per_node < 2) return {};
-    for (const std::vector<int>& members : by_node) {
-      if (members.size() != per_node) return {};
-    }
-    Transposed transposed{{}, nodes};
-    for (std::size_t s = 0; s < per_node; ++s) {
-      for (const std::vector<int>& members : by_node) transposed.ranks.push_back(members[s]);
-    }
-    return transposed;
-  }
-
-  /// Ulysses degrees u of a USP group over `ranks` (in their order) the search tries: the
-  /// largest and the second largest u >= 2 with at least two stages, every stage of u
-  /// consecutive members on one node (the all-to-all on NVLink, the ring across nodes, as
-  /// USP places them) and u allowed by the heads (ulysses_group_allowed).
-  std::vector<int> usp_degrees(const std::vector<int>& ranks) const {
-    const auto size = static_cast<int>(ranks.size());
-    std::vector<int> degrees;
-    for (int u = size / 2; u >= 2 && degrees.size() < 2; --u) {
-      if (size % u != 0 || !ulysses_group_allowed(cost_, u)) continue;
-      bool on_one_node = true;
-      for (int i = 0; i < size && on_one_node; ++i) {
-        on_one_node = cost_.cluster().same_node(ranks[static_cast<std::size_t>(i)],
-                                                ranks[static_cast<std::size_t>(i - i % u)]);
-      }
-      if (on_one_node) degrees.push_back(u);
-    }
-    return degrees;
   }
 
   /// The scheme a group of `ranks` may keep when split or merged: Ulysses where allowed,
@@ -1147,6 +1149,22 @@ Plan apply_move(const Plan& plan, const Move& move) {
     }
   }
   return moved;
+}
+
+std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>& ids, const Plan& plan,
+                                                const CostModel& cost) {
+  std::vector<int> ranks(static_cast<std::size_t>(cost.cluster().ranks()));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  if (ranks.size() == 1) return {build_group(Scheme::local, ranks, ids, plan)};
+  std::vector<AttentionGroup> groups{build_group(Scheme::ring, ranks, ids, plan)};
+  if (ulysses_group_allowed(cost, static_cast<int>(ranks.size()))) {
+    groups.push_back(build_group(Scheme::ulysses, ranks, ids, plan));
+  }
+  for (int degree : usp_degrees(ranks, cost)) groups.push_back(build_group(Scheme::usp, ranks, ids, plan, degree));
+  if (const Transposed transposed = stages_across_nodes(ranks, cost); transposed.ulysses_degree > 0) {
+    groups.push_back(build_group(Scheme::usp, transposed.ranks, ids, plan, transposed.ulysses_degree));
+  }
+  return groups;
 }
 
 }  // namespace ballast::strategies::ballast_search
