@@ -137,8 +137,9 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
   return std::move(*best);
 }
 
-/// Longest sequences a seed sets apart (k = 1 .. this many).
-constexpr std::size_t kMaxSeedSequences = 3;
+/// Longest sequences a seed sets apart (k = 1 .. this many): up to 3 or 5 found nothing
+/// more on the scenarios and cost 12% more planning (docs/strategies.md, "Seeds").
+constexpr std::size_t kMaxSeedSequences = 2;
 
 /// `rest`'s micro-batches with its sequence ids mapped to the batch's (`ids[i]` is rest's
 /// sequence i).
