@@ -67,8 +67,9 @@ struct LowerBound {
   /// With GradientSync::overlap, the earliest the first bucket can start: every rank's
   /// forward work and 1 / B of its last backward pass, at the compute floors, averaged
   /// over ranks (the bucket waits for all of them), and the linear backward work beyond
-  /// what one micro-batch's token capacity holds (only the last micro-batch's backward
-  /// pass can hide buckets); 0 otherwise or for an empty batch.
+  /// what one micro-batch's token capacity holds and the attention backward work beyond
+  /// the most that sequences of ranks x capacity tokens hold (only the last micro-batch's
+  /// backward pass can hide buckets); 0 otherwise or for an empty batch.
   /// The step is at least this plus gradient_buckets_s.
   Seconds first_bucket_ready_s = 0;
   std::string binding;             ///< which term dominates, in words

@@ -58,6 +58,8 @@ struct ComputeFloors {
   Seconds forward_s = 0;
   Seconds backward_s = 0;
   Seconds linear_backward_s = 0;
+  /// Per sequence, the attention part of `backward_s` (the rerun forward's included).
+  std::vector<Seconds> attention_backward_s;
 };
 
 ComputeFloors compute_floors(std::span<const Tokens> lengths_tokens, const CostModel& cost) {
@@ -78,8 +80,33 @@ ComputeFloors compute_floors(std::span<const Tokens> lengths_tokens, const CostM
     floors.forward_s += forward_s;
     floors.backward_s += (forward_passes - 1) * forward_s + linear_backward_s + attention_backward_s;
     floors.linear_backward_s += linear_backward_pass_s(length, cost);
+    floors.attention_backward_s.push_back((forward_passes - 1) * attention_forward_s + attention_backward_s);
   }
   return floors;
+}
+
+/// The most backward attention work (`attention_backward_s` per sequence) that sequences
+/// of at most `tokens` tokens in all hold: the sequences by work per token, most first, the
+/// last in part (the fractional knapsack, at least every whole set's).
+Seconds most_attention_backward_s(std::span<const Tokens> lengths_tokens,
+                                  const std::vector<Seconds>& attention_backward_s, Tokens tokens) {
+  std::vector<std::size_t> order(lengths_tokens.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto per_token = [&](std::size_t i) {
+    return lengths_tokens[i] > 0 ? attention_backward_s[i] / static_cast<double>(lengths_tokens[i]) : 0.0;
+  };
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const double pa = per_token(a), pb = per_token(b);
+    return pa != pb ? pa > pb : a < b;
+  });
+  Seconds most_s = 0;
+  for (std::size_t i : order) {
+    if (tokens <= 0) break;
+    const Tokens taken = std::min(tokens, lengths_tokens[i]);
+    most_s += taken == lengths_tokens[i] ? attention_backward_s[i] : per_token(i) * static_cast<double>(taken);
+    tokens -= taken;
+  }
+  return most_s;
 }
 
 /// The fastest a GPU (a rank) can receive, over any link the simulator models: the best of
@@ -284,11 +311,20 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
     const int buckets = gradient_sync_buckets(cost.model());
     bound.gradient_buckets_s = buckets * cost.gradient_bucket_sync_time_s(buckets);
     // Only the last micro-batch's backward pass can hide buckets, and a rank runs at most
-    // `capacity` linear tokens in it: the linear backward work beyond that comes before.
+    // `capacity` linear tokens in it: the linear backward work beyond that comes before;
+    // its sequences hold at most ranks x capacity tokens, so the attention backward work
+    // beyond the most such sequences hold comes before too.
+    Seconds attention_backward_s = 0;
+    for (Seconds work_s : floors.attention_backward_s) attention_backward_s += work_s;
+    const Seconds attention_excess_s =
+        std::max(0.0, attention_backward_s - most_attention_backward_s(
+                                                 lengths_tokens, floors.attention_backward_s,
+                                                 saturating_multiply(ranks, capacity_tokens)));
     bound.first_bucket_ready_s =
         (floors.forward_s + floors.backward_s / buckets) / ranks +
-        (1.0 - 1.0 / buckets) * std::max(0.0, floors.linear_backward_s / ranks -
-                                                   linear_backward_pass_s(capacity_tokens, cost));
+        (1.0 - 1.0 / buckets) * (std::max(0.0, floors.linear_backward_s / ranks -
+                                                    linear_backward_pass_s(capacity_tokens, cost)) +
+                                 attention_excess_s / ranks);
     const Seconds sync_bound_s = bound.first_bucket_ready_s + bound.gradient_buckets_s;
     // One bucket is the last, after every rank's program: the spread's term has it.
     if (buckets > 1 && sync_bound_s > bound.time_s) {
