@@ -313,13 +313,16 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
     // Only the last micro-batch's backward pass can hide buckets, and a rank runs at most
     // `capacity` linear tokens in it: the linear backward work beyond that comes before;
     // its sequences hold at most ranks x capacity tokens, so the attention backward work
-    // beyond the most such sequences hold comes before too.
-    Seconds attention_backward_s = 0;
-    for (Seconds work_s : floors.attention_backward_s) attention_backward_s += work_s;
-    const Seconds attention_excess_s =
-        std::max(0.0, attention_backward_s - most_attention_backward_s(
-                                                 lengths_tokens, floors.attention_backward_s,
-                                                 saturating_multiply(ranks, capacity_tokens)));
+    // beyond the most such sequences hold comes before too. None when every sequence fits
+    // one micro-batch (exactly 0: no rounding of a sum taken in another order).
+    Seconds attention_excess_s = 0;
+    if (bound.min_micro_batches > 1) {
+      Seconds attention_backward_s = 0;
+      for (Seconds work_s : floors.attention_backward_s) attention_backward_s += work_s;
+      attention_excess_s = std::max(
+          0.0, attention_backward_s - most_attention_backward_s(lengths_tokens, floors.attention_backward_s,
+                                                                saturating_multiply(ranks, capacity_tokens)));
+    }
     bound.first_bucket_ready_s =
         (floors.forward_s + floors.backward_s / buckets) / ranks +
         (1.0 - 1.0 / buckets) * (std::max(0.0, floors.linear_backward_s / ranks -
