@@ -163,7 +163,11 @@ int gradient_sync_buckets(const Model& model) { return std::max(1, model.layers)
 SimulationReport simulate(const Plan& plan, const CostModel& cost,
                           const SimulationOptions& options) {
   require_valid(plan, cost, "plan");
-  return sim::simulate_validated(plan, cost, options);
+  SimulationReport report = sim::simulate_validated(plan, cost, options);
+  // The report ends a plan's simulations (planners evaluate through SimulatorEvaluator):
+  // what comes next (its JSON, a trace) needs no simulator buffers.
+  sim::release_spare_buffers();
+  return report;
 }
 
 namespace sim {

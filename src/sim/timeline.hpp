@@ -51,6 +51,9 @@ class LinkPorts {
 /// the heap alone (the components of its steps average about 12 ports).
 constexpr std::size_t kScannedComponentPorts = 32;
 
+/// Frees the buffers this thread keeps for its next simulations (timeline.cpp).
+void release_spare_buffers();
+
 enum class TaskKind : std::uint8_t { compute, transfer, collective, join };
 
 /// `dependent` is ready no earlier than `delay_s` after `dependency` ends.
@@ -78,7 +81,14 @@ struct Task {
 /// the graph is acyclic by construction. Dependency ids of -1 mean "none".
 class TaskGraph {
  public:
-  explicit TaskGraph(bool keep_names) : keep_names_(keep_names) {}
+  /// Takes its buffers from the thread's spares (SpareBuffers in timeline.cpp) and gives
+  /// them back when destroyed, so consecutive simulations of one thread reuse memory.
+  explicit TaskGraph(bool keep_names);
+  ~TaskGraph();
+  TaskGraph(const TaskGraph&) = default;  // a copy owns copies of the buffers
+  TaskGraph& operator=(const TaskGraph&) = default;
+  TaskGraph(TaskGraph&&) = default;
+  TaskGraph& operator=(TaskGraph&&) = default;
 
   template <typename NameFn>
   int add_compute(int rank, int micro_batch, Seconds duration_s, std::initializer_list<int> deps,
