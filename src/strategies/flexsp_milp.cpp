@@ -1,6 +1,8 @@
 // FlexSP's MILP per micro-batch (SYSTEMS.md section 2, planner step 3): virtual groups
 // (N/d copies of every allowed degree d), solved by CBC's standard branch and cut
 // (CbcMain1) single-threaded under a node budget, warm-started with greedy plans.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <iterator>
@@ -287,6 +289,46 @@ OsiClpSolverInterface make_solver(const MilpModel& model) {
 /// statics), so solves are serialised.
 std::mutex cbc_mutex;
 
+/// An OpenBLAS function of this process, or nullptr: the global scope first (the CLI and
+/// tests link libopenblas.so.0), then the library already loaded for LAPACK (Debian's
+/// liblapack.so.3 alternative is OpenBLAS's wrapper around libopenblas.so.0; a Python
+/// extension loads it with RTLD_LOCAL, out of the global scope). Nothing is loaded here.
+void* openblas_function(const char* name) {
+  if (void* found = dlsym(RTLD_DEFAULT, name)) return found;
+  void* library = dlopen("libopenblas.so.0", RTLD_LAZY | RTLD_NOLOAD);
+  if (library == nullptr) return nullptr;
+  void* found = dlsym(library, name);
+  dlclose(library);  // the NOLOAD handle's reference; LAPACK's keeps the library loaded
+  return found;
+}
+
+/// One OpenBLAS thread while it lives, then the count before. Clp factorises through
+/// LAPACK, and a threaded OpenBLAS sums in another order: `ballast compare --cluster
+/// a100-ib400 --strategies flexsp` simulated 10.219446 s with 2 threads (the 2-core
+/// machine's default) and 10.220161 s with OPENBLAS_NUM_THREADS=1 (step 1's last
+/// micro-batch: the same groups on other ranks), so the MILP's plan depended on the
+/// machine's cores. A LAPACK that is not OpenBLAS has no threads to pin.
+class SingleBlasThread {
+ public:
+  SingleBlasThread()
+      : get_(reinterpret_cast<int (*)()>(openblas_function("openblas_get_num_threads"))),
+        set_(reinterpret_cast<void (*)(int)>(openblas_function("openblas_set_num_threads"))) {
+    if (get_ == nullptr || set_ == nullptr) return;
+    previous_ = get_();
+    if (previous_ != 1) set_(1);
+  }
+  ~SingleBlasThread() {
+    if (set_ != nullptr && previous_ > 1) set_(previous_);
+  }
+  SingleBlasThread(const SingleBlasThread&) = delete;
+  SingleBlasThread& operator=(const SingleBlasThread&) = delete;
+
+ private:
+  int (*get_)();
+  void (*set_)(int);
+  int previous_ = 1;
+};
+
 }  // namespace
 
 MilpResult solve_milp(const GroupCosts& costs, const Problem& problem, const MilpOptions& options) {
@@ -308,6 +350,7 @@ MilpResult solve_milp(const GroupCosts& costs, const Problem& problem, const Mil
   const OsiClpSolverInterface solver = make_solver(model);
 
   const std::lock_guard lock(cbc_mutex);
+  const SingleBlasThread single_blas_thread;  // the same plan on any machine's core count
   CbcModel cbc(solver);
   CbcSolverUsefulData cbc_data;
   cbc_data.noPrinting_ = true;

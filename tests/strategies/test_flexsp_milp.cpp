@@ -3,6 +3,7 @@
 // on realistic bucketed micro-batches of 64 GPUs it never loses to its greedy warm starts;
 // infeasible input, determinism and idle GPUs. The oracle itself is checked against a
 // brute force over set partitions.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "ballast/error.hpp"
+#include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
 #include "ballast/workload.hpp"
 #include "fake_cost.hpp"
@@ -264,6 +266,31 @@ TEST(FlexSpMilp, DeterministicGroups) {
   EXPECT_EQ(first.objective_s, second.objective_s);
   EXPECT_EQ(first.best_bound_s, second.best_bound_s);
   EXPECT_EQ(first.nodes, second.nodes);
+}
+
+/// OpenBLAS's thread count setter and getter in this process (nullptr when the LAPACK is
+/// not OpenBLAS).
+void (*const set_blas_threads)(int) =
+    reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+int (*const blas_threads)() = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+
+TEST(FlexSpMilp, SamePlanWhateverTheBlasThreads) {
+  // The last micro-batch of step 1 of `ballast simulate --strategy flexsp --cluster
+  // a100-ib400` (the default workload): with 4 OpenBLAS threads Clp's LAPACK summed in
+  // another order and CBC returned the same groups in another order, on other ranks.
+  if (set_blas_threads == nullptr || blas_threads == nullptr) GTEST_SKIP() << "LAPACK is not OpenBLAS";
+  const auto cost = preset_cost("analytical", "a100-ib400", 8, "llama-7b");
+  const Batch batch = make_batch({37027, 38740, 44755, 30658, 21807, 82886}, 0);
+  const Planner& planner = find_planner("flexsp");
+  const SimulatorEvaluator evaluator(*cost);
+  const int before = blas_threads();
+  set_blas_threads(4);
+  const Plan threaded = planner.plan(batch, *cost, {}, evaluator);
+  EXPECT_EQ(blas_threads(), 4);  // restored after each solve
+  set_blas_threads(1);
+  const Plan single = planner.plan(batch, *cost, {}, evaluator);
+  set_blas_threads(before);
+  EXPECT_TRUE(threaded.micro_batches == single.micro_batches);
 }
 
 TEST(FlexSpMilp, PerSequenceSixtyFourGpus) {
