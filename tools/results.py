@@ -6,7 +6,8 @@
 
 Runs `ballast compare --scenario NAME --format json --plot docs/results/NAME.svg` for
 every scenario of `ballast list scenarios` (data/scenarios.json), `ballast compare
---cluster NAME` (the default workload) on every other cluster preset, and `ballast
+--cluster NAME` (the default workload) on every other cluster preset, `ballast compare
+--dataset D --cluster NAME` for every other bundled dataset on every preset, and `ballast
 simulate --scenario NAME --strategy S --steps 1 --plot ...png` for the best strategy and
 the baseline of a few representative scenarios; then writes docs/results/results.csv,
 docs/results/results.json and docs/RESULTS.md. Needs matplotlib
@@ -186,6 +187,15 @@ def main():
                   f"The default workload (wlbllm, LLaMA-2-7B, 1 Mi tokens per step, every "
                   f"strategy) on the `{cluster}` preset.")
                  for cluster in clusters if cluster != default_cluster]
+    # Issue 21's other target set: a batch of every bundled dataset but the default's on every
+    # preset, with the default workload's other settings (LLaMA-2-7B, 1 Mi tokens per step).
+    datasets_listing, _ = run([ballast, "list", "datasets"])
+    datasets = [line.split()[0] for line in datasets_listing.splitlines()[1:]]
+    default_dataset = "wlbllm"  # the default workload's, on every preset above
+    compares += [(f"dataset-{dataset}-{cluster}", ["--dataset", dataset, "--cluster", cluster],
+                  f"The default workload's settings (LLaMA-2-7B, 1 Mi tokens per step, every "
+                  f"strategy) with `{dataset}` documents on the `{cluster}` preset.")
+                 for dataset in datasets if dataset != default_dataset for cluster in clusters]
     compares = [c for c in compares if args.only in c[0]]
 
     progress = Progress(len(compares))
@@ -295,17 +305,35 @@ def write_ballast_section(add, compares, results, jobs):
         ratios.append((ratio, label))
         gaps.append(ours["gap_to_lower_bound"])
         speedup = better_seed["step_time_s"] / ours["step_time_s"] if better_seed else None
-        if speedup is not None:
-            speedups.append(speedup)
+        speedups.append(speedup)  # None where neither flexsp-fast nor zeppelin ran
         plan = ours.get("plan_time_ms")
-        if plan is not None:
-            plan_ms.append(plan)
+        plan_ms.append(plan)
         add(f"| [{label}](#{slug(label).lower()}) | `{best_other['strategy']}` | "
             f"{best_other['step_time_s']:.3f} | {ours['step_time_s']:.3f} | {ratio:.3f} | "
             f"{100 * ours['gap_to_lower_bound']:.1f}% | "
             f"{'-' if speedup is None else f'{speedup:.3f}x'} | "
             f"{'-' if plan is None else f'{plan:.0f}'} |")
     add("")
+    summarize(add, ratios, gaps, speedups, plan_ms, "")  # the lists are per run, aligned
+    dataset_runs = {label for label, _, _ in compares if label.startswith("dataset-")}
+    if dataset_runs and len(dataset_runs) < len(ratios):
+        for title, keep in (("the scenarios and the default workload's runs",
+                             lambda label: label not in dataset_runs),
+                            ("every other dataset on every preset", lambda label: label in dataset_runs)):
+            kept = [i for i, (_, label) in enumerate(ratios) if keep(label)]
+            add("")
+            summarize(add, [ratios[i] for i in kept], [gaps[i] for i in kept],
+                      [speedups[i] for i in kept], [plan_ms[i] for i in kept], f" of {title}")
+    if missing:
+        add("")
+        add(f"No comparison (ballast or every other strategy could not run): {', '.join(missing)}.")
+    add("")
+
+
+def summarize(add, ratios, gaps, speedups, plan_ms, of_what):
+    """The targets' summary sentence over these runs (per-run lists; None: not reported)."""
+    speedups = [s for s in speedups if s is not None]
+    plan_ms = [p for p in plan_ms if p is not None]
     if ratios:
         worst, worst_label = max(ratios)
         within = sum(1 for r, _ in ratios if r <= 1.005)
@@ -313,15 +341,11 @@ def write_ballast_section(add, compares, results, jobs):
         geomean_text = "-" if geomean is None else f"{geomean:.3f}x"
         plan_text = (f"median {statistics.median(plan_ms):.0f} ms, largest {max(plan_ms):.0f} ms"
                      if plan_ms else "not reported")
-        add(f"Over {len(ratios)} runs: `ballast` is within 1.005x of the best other strategy on "
+        add(f"Over {len(ratios)} runs{of_what}: `ballast` is within 1.005x of the best other strategy on "
             f"{within} (worst {worst:.3f}x, {worst_label}); geometric-mean speedup over the better "
             f"of `flexsp-fast` and `zeppelin` {geomean_text} (target 1.10x); mean gap to the lower "
             f"bound {100 * sum(gaps) / len(gaps):.1f}% (target under 10%); planning time per step "
             f"{plan_text}.")
-    if missing:
-        add("")
-        add(f"No comparison (ballast or every other strategy could not run): {', '.join(missing)}.")
-    add("")
 
 
 def relative(path, out):
@@ -337,7 +361,8 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
     add("<!-- Generated by tools/results.py; edit the script, not this file. -->")
     add("")
     add("Generated by one script, which reruns every scenario of `ballast list scenarios` "
-        "(`data/scenarios.json`) and the default workload on every cluster preset, draws one "
+        "(`data/scenarios.json`), the default workload on every cluster preset and its "
+        "settings with every other bundled dataset on every preset, draws one "
         "compare plot per run and the first step's timeline of a few, and writes this page. "
         "Every figure is simulated and deterministic; the hand-written reading of these results "
         "is in [results.md](results.md), [flexsp.md](flexsp.md) and [zeppelin.md](zeppelin.md).")
@@ -434,7 +459,8 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
                  lambda l: family_of(l) == "zeppelin-cp16"),
                 ("Zeppelin's 13B and 30B with tensor parallelism",
                  lambda l: family_of(l) == "zeppelin-tp"),
-                ("Other scenarios", lambda l: family_of(l) == "other" and not l.startswith("default"))]
+                ("Every bundled dataset on every cluster preset", lambda l: l.startswith("dataset-")),
+                ("Other scenarios", lambda l: family_of(l) == "other" and not l.startswith(("default", "dataset-")))]
     for title, keep in sections:
         chosen = [c for c in compares if keep(c[0])]
         if not chosen:
