@@ -306,3 +306,26 @@ def test_version_is_the_projects_everywhere(tmp_path):
     plan.save(tmp_path / "plan.json")
     assert json.loads((tmp_path / "plan.json").read_text())["ballast_version"] == expected
 
+
+
+def test_flexsp_milp_plan_is_the_same_whatever_the_blas_threads():
+    # The MILP's LAPACK is OpenBLAS's (Debian); the module pins it to one thread while CBC
+    # solves (src/strategies/flexsp_milp.cpp), also where the module is loaded RTLD_LOCAL
+    # and does not link OpenBLAS itself (the pip install). These 6 lengths planned other
+    # ranks with 4 threads than with 1 before the pin (FlexSpMilp.SamePlanWhateverTheBlasThreads).
+    import ctypes
+    try:  # the OpenBLAS the process already has; none loaded means no OpenBLAS LAPACK
+        openblas = ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        pytest.skip("no OpenBLAS loaded: the LAPACK is another")
+    lengths = [37027, 38740, 44755, 30658, 21807, 82886]
+    before = openblas.openblas_get_num_threads()
+    try:
+        openblas.openblas_set_num_threads(4)
+        threaded = ballast.plan(lengths, cluster="a100-ib400", nodes=8, model="llama-7b", strategy="flexsp")
+        assert openblas.openblas_get_num_threads() == 4  # restored after the solve
+        openblas.openblas_set_num_threads(1)
+        single = ballast.plan(lengths, cluster="a100-ib400", nodes=8, model="llama-7b", strategy="flexsp")
+    finally:
+        openblas.openblas_set_num_threads(before)
+    assert threaded.to_json() == single.to_json()
