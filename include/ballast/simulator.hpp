@@ -128,6 +128,15 @@ SimulationReport simulate(const Plan& plan, const CostModel& cost,
 Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
                                  int dst_rank, int routing_proxies, int routing_chunks);
 
+/// A time isolated_transfer_time_s() with the same arguments never goes below, without
+/// simulating: the longest chain of tasks the transfer is built from (the direct transfer,
+/// or each routed part's first piece's dispatch, every piece's NIC crossing in turn and its
+/// last piece's combine), each at its time alone (CostModel::p2p_time_s: a task never runs
+/// faster than on idle links). Planners choosing a routing skip the choices whose floor
+/// is above the best time found (choose_routing, zeppelin_tiers.cpp). Same argument checks.
+Seconds isolated_transfer_floor_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
+                                  int dst_rank, int routing_proxies, int routing_chunks);
+
 /// The PlanEvaluator of the simulator: what callers of Planner::plan hand the planner.
 /// Keeps a reference to `cost`, which must outlive it and be the cost model the planner
 /// plans on.
@@ -152,6 +161,9 @@ class SimulatorEvaluator final : public PlanEvaluator {
   /// routed transfer is a small flow simulation of its own. Thread-safe.
   Seconds transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank, int routing_proxies,
                           int routing_chunks) const override;
+  /// isolated_transfer_floor_s(cost, ...).
+  Seconds transfer_time_floor_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
+                                int routing_proxies, int routing_chunks) const override;
 
  private:
   using TransferKey = std::tuple<Bytes, int, int, int, int>;

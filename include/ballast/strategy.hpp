@@ -85,6 +85,15 @@ class PlanEvaluator {
   /// Time of one transfer alone on an idle cluster (see isolated_transfer_time_s).
   virtual Seconds transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
                                   int routing_proxies, int routing_chunks) const = 0;
+  /// A time transfer_time_s() never goes below for the same arguments, known without
+  /// computing it; planners skip routing choices that cannot win with it, so it changes no
+  /// choice, only what is priced. Default: 0 (no floor known, nothing skipped).
+  virtual Seconds transfer_time_floor_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
+                                        int routing_proxies, int routing_chunks) const {
+    static_cast<void>(bytes_per_layer), static_cast<void>(src_rank), static_cast<void>(dst_rank);
+    static_cast<void>(routing_proxies), static_cast<void>(routing_chunks);
+    return 0.0;
+  }
 };
 
 /// One parameter a planner takes in a strategy spec ("degree" sets PlannerOptions::degree,

@@ -43,4 +43,11 @@ Seconds SimulatorEvaluator::transfer_time_s(Bytes bytes_per_layer, int src_rank,
   return time_s;
 }
 
+Seconds SimulatorEvaluator::transfer_time_floor_s(Bytes bytes_per_layer, int src_rank,
+                                                  int dst_rank, int routing_proxies,
+                                                  int routing_chunks) const {
+  return isolated_transfer_floor_s(cost_, bytes_per_layer, src_rank, dst_rank, routing_proxies,
+                                   routing_chunks);
+}
+
 }  // namespace ballast

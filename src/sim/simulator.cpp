@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "ballast/error.hpp"
+#include "ballast/plan_layout.hpp"
 #include "program.hpp"
 #include "schemes.hpp"
 #include "simulate_validated.hpp"
@@ -232,9 +233,11 @@ PlanEvaluation simulate_evaluation(const Plan& validated_plan, const CostModel& 
 
 }  // namespace sim
 
-Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
-                                 int dst_rank, int routing_proxies, int routing_chunks) {
-  const Cluster& cluster = cost.cluster();
+namespace {
+
+/// isolated_transfer_time_s()'s and isolated_transfer_floor_s()'s argument checks.
+void check_isolated_transfer(const Cluster& cluster, int src_rank, int dst_rank,
+                             int routing_proxies, int routing_chunks) {
   for (const int rank : {src_rank, dst_rank}) {
     if (rank < 0 || rank >= cluster.ranks()) {
       throw InputError(
@@ -252,16 +255,27 @@ Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, i
     throw InputError(fmt::format("isolated_transfer_time_s: routing_chunks {} is outside [1, {}]",
                                  routing_chunks, kMaxRoutingChunks));
   }
-  // On an idle cluster only the two nodes' links carry the transfer: it is built on a copy
-  // of the cluster holding just those nodes, ranks renumbered (src on node 0, dst on node
-  // 0 or 1; the cost model's node test and proxy choice agree on them), so a call costs
-  // O(GPUs per node) instead of O(ranks) (zeppelin prices thousands per plan).
+}
+
+/// On an idle cluster only the two nodes' links carry the transfer: it is built on a copy
+/// of the cluster holding just those nodes, ranks renumbered (src on node 0, dst on node
+/// 0 or 1; the cost model's node test and proxy choice agree on them), so a call costs
+/// O(GPUs per node) instead of O(ranks) (zeppelin prices thousands per plan).
+std::pair<int, int> renumbered_pair(const Cluster& cluster, int src_rank, int dst_rank) {
   const int gpus = cluster.gpus_per_node;
   const bool same_node = cluster.same_node(src_rank, dst_rank);
+  return {src_rank % gpus, (same_node ? 0 : gpus) + dst_rank % gpus};
+}
+
+}  // namespace
+
+Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
+                                 int dst_rank, int routing_proxies, int routing_chunks) {
+  const Cluster& cluster = cost.cluster();
+  check_isolated_transfer(cluster, src_rank, dst_rank, routing_proxies, routing_chunks);
   Cluster pair = cluster;
-  pair.nodes = same_node ? 1 : 2;
-  const int src = src_rank % gpus;
-  const int dst = (same_node ? 0 : gpus) + dst_rank % gpus;
+  pair.nodes = cluster.same_node(src_rank, dst_rank) ? 1 : 2;
+  const auto [src, dst] = renumbered_pair(cluster, src_rank, dst_rank);
   const sim::LinkPorts ports(pair);
   sim::TaskGraph graph(/*keep_names=*/false);
   std::vector<int> cursor(static_cast<std::size_t>(pair.ranks()), -1);
@@ -270,6 +284,36 @@ Seconds isolated_transfer_time_s(const CostModel& cost, Bytes bytes_per_layer, i
                                    routing_chunks, [] { return std::string(); });
   graph.run(ports.count());
   return arrival < 0 ? 0.0 : graph.task(arrival).end_s;
+}
+
+Seconds isolated_transfer_floor_s(const CostModel& cost, Bytes bytes_per_layer, int src_rank,
+                                  int dst_rank, int routing_proxies, int routing_chunks) {
+  const Cluster& cluster = cost.cluster();
+  check_isolated_transfer(cluster, src_rank, dst_rank, routing_proxies, routing_chunks);
+  if (src_rank == dst_rank || bytes_per_layer <= 0) return 0.0;
+  // The same ranks and tasks as add_p2p and add_routed_transfer (schemes.cpp) build.
+  const auto [src, dst] = renumbered_pair(cluster, src_rank, dst_rank);
+  const int parts = routing_parts(cluster, routing_proxies, src, dst);
+  if (parts == 1) return cost.p2p_time_s(bytes_per_layer, src, dst);
+  Seconds floor_s = cost.p2p_time_s(routed_part_range(bytes_per_layer, parts, 0).size(), src, dst);
+  for (int t = 1; t < parts; ++t) {
+    const Bytes part_bytes = routed_part_range(bytes_per_layer, parts, t).size();
+    if (part_bytes <= 0) continue;
+    const Bytes piece_bytes = ceil_div(part_bytes, static_cast<Bytes>(routing_chunks));
+    const int from = routing_proxy(cluster, src, t);
+    const int to = routing_proxy(cluster, dst, t);
+    // Pieces cross one after another; the first waits for its dispatch, the last's
+    // combine for its crossing.
+    Seconds chain_s = cost.p2p_time_s(std::min(piece_bytes, part_bytes), src, from);
+    Bytes last_piece = 0;
+    for (Bytes begin = 0; begin < part_bytes; begin += piece_bytes) {
+      last_piece = std::min(piece_bytes, part_bytes - begin);
+      chain_s += cost.p2p_time_s(last_piece, from, to);
+    }
+    chain_s += cost.p2p_time_s(last_piece, to, dst);
+    floor_s = std::max(floor_s, chain_s);
+  }
+  return floor_s;
 }
 
 }  // namespace ballast

@@ -47,9 +47,15 @@ struct Routing {
 /// The (proxies, chunks) that minimise the evaluator's isolated time of the forward
 /// transfer of `bytes_per_layer` plus the backward one (twice the bytes) from src to dst:
 /// proxies in {1, 2, 4, ...} up to nics_per_node, chunks in {1, 2, 4, 8, 16}; ties go to
-/// fewer proxies, then fewer chunks, so routing is chosen only where it pays.
+/// fewer proxies, then fewer chunks, so routing is chosen only where it pays. Prices the
+/// choices with the most proxies first and skips one whose floor
+/// (PlanEvaluator::transfer_time_floor_s, both passes) is above the best time found: it
+/// cannot be the minimum, so the choice is choose_routing_exhaustive()'s.
 Routing choose_routing(const CostModel& cost, const PlanEvaluator& evaluator, Bytes bytes_per_layer,
                        int src_rank, int dst_rank);
+/// The reference: every choice priced, in the order of the ties.
+Routing choose_routing_exhaustive(const CostModel& cost, const PlanEvaluator& evaluator,
+                                  Bytes bytes_per_layer, int src_rank, int dst_rank);
 
 /// The cost model's crossover points for this cluster and model. A ring step of a member
 /// holding c tokens (two zigzag chunks of c/2) computes c^2/2 causal pairs against one
@@ -62,8 +68,14 @@ struct Crossovers {
   /// Shortest document whose attention (fwd) takes at least its linear modules' time.
   Tokens attention_over_linear_tokens = 0;
 };
-/// Routed transfer times come from `evaluator`.
+/// Routed transfer times come from `evaluator`. Each step of the routed crossover's binary
+/// search is decided, where it can be, without choosing the routing: not hidden when the
+/// attention is below every choice's floor, hidden when it reaches an upper bound from the
+/// previous step's choice; otherwise choose_routing. The same steps and results as
+/// find_crossovers_exhaustive().
 Crossovers find_crossovers(const CostModel& cost, const PlanEvaluator& evaluator);
+/// The reference: every step of the routed search priced by choose_routing_exhaustive.
+Crossovers find_crossovers_exhaustive(const CostModel& cost, const PlanEvaluator& evaluator);
 
 /// Where a sequence runs: its tier and the ranks of its ring (1 for local; g GPUs of a
 /// node for intra-node; all GPUs of `degree / gpus_per_node` nodes for inter-node).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include "ballast/error.hpp"
@@ -27,19 +28,80 @@ Seconds ring_step_attention_s(const CostModel& cost, Tokens c) {
   return cost.attention_time_s(blocks, 1, Pass::forward);
 }
 
-/// Smallest c in [1, 2^30] with ring_step_attention(c) >= hop(c) (binary search on the
-/// cost model; attention grows as c^2 and a hop as c, so the difference changes sign once
-/// up to tile rounding). 2^30 when even that does not hide the hop.
-template <typename Hop>
-Tokens crossover_tokens(const CostModel& cost, Hop hop) {
+/// Smallest c in [1, 2^30] with hidden(c), ring_step_attention(c) >= hop(c) (binary search
+/// on the cost model; attention grows as c^2 and a hop as c, so the difference changes sign
+/// once up to tile rounding). 2^30 when even that does not hide the hop.
+template <typename Hidden>
+Tokens crossover_tokens(Hidden hidden) {
   Tokens low = 1, high = Tokens{1} << 30;
-  if (ring_step_attention_s(cost, high) < hop(high)) return high;
+  if (!hidden(high)) return high;
   while (low < high) {
     const Tokens mid = low + (high - low) / 2;
-    if (ring_step_attention_s(cost, mid) >= hop(mid)) high = mid;
+    if (hidden(mid)) high = mid;
     else low = mid + 1;
   }
   return low;
+}
+
+/// choose_routing's choices in the order of its ties: fewer proxies, then fewer chunks.
+std::vector<Routing> routing_choices(const Cluster& cluster) {
+  std::vector<Routing> out;
+  for (int proxies = 1; proxies <= cluster.nics_per_node; proxies *= 2) {
+    for (int chunks : kRoutingChunkChoices) {
+      if (proxies == 1 && chunks > 1) break;  // a direct transfer is never cut
+      out.push_back({proxies, chunks});
+    }
+  }
+  return out;
+}
+
+/// What choose_routing minimises: the forward transfer (KV) plus the backward one (KV and
+/// dKV, twice the bytes).
+Seconds both_passes_s(const PlanEvaluator& evaluator, Bytes bytes, int src, int dst,
+                      Routing routing) {
+  return evaluator.transfer_time_s(bytes, src, dst, routing.proxies, routing.chunks) +
+         evaluator.transfer_time_s(2 * bytes, src, dst, routing.proxies, routing.chunks);
+}
+
+Seconds both_passes_floor_s(const PlanEvaluator& evaluator, Bytes bytes, int src, int dst,
+                            Routing routing) {
+  return evaluator.transfer_time_floor_s(bytes, src, dst, routing.proxies, routing.chunks) +
+         evaluator.transfer_time_floor_s(2 * bytes, src, dst, routing.proxies, routing.chunks);
+}
+
+/// Relative slack of every comparison against a floor or an upper bound: they add the same
+/// task times as the simulation in another order, so they may differ from it by rounding.
+constexpr double kBoundSlack = 1e-9;
+
+struct RoutingChoice {
+  Routing routing;
+  Seconds both_passes_s = std::numeric_limits<Seconds>::infinity();
+};
+
+RoutingChoice choose_pruned(const std::vector<Routing>& choices, const PlanEvaluator& evaluator,
+                            Bytes bytes, int src, int dst) {
+  // Priced most proxies first (the lowest floors), fewer chunks first within; a choice
+  // whose floor is above the best found cannot be the minimum and stays unpriced.
+  std::vector<std::size_t> order(choices.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return choices[a].proxies > choices[b].proxies;
+  });
+  const Seconds unpriced = std::numeric_limits<Seconds>::infinity();
+  std::vector<Seconds> priced(choices.size(), unpriced);
+  Seconds best_s = unpriced;
+  for (const std::size_t i : order) {
+    if (both_passes_floor_s(evaluator, bytes, src, dst, choices[i]) * (1 - kBoundSlack) > best_s) {
+      continue;
+    }
+    priced[i] = both_passes_s(evaluator, bytes, src, dst, choices[i]);
+    best_s = std::min(best_s, priced[i]);
+  }
+  // The ties' order: the first choice with the minimum, as choose_routing_exhaustive.
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    if (priced[i] == best_s) return {choices[i], best_s};
+  }
+  return {};
 }
 
 std::vector<int> power_of_two_divisors(int value) {
@@ -77,42 +139,78 @@ const char* to_string(Tier tier) {
   return "?";
 }
 
-Routing choose_routing(const CostModel& cost, const PlanEvaluator& evaluator, Bytes bytes_per_layer,
-                       int src_rank, int dst_rank) {
-  const Cluster& cluster = cost.cluster();
+Routing choose_routing_exhaustive(const CostModel& cost, const PlanEvaluator& evaluator,
+                                  Bytes bytes_per_layer, int src_rank, int dst_rank) {
   Routing best;
   Seconds best_s = std::numeric_limits<Seconds>::infinity();
-  if (cluster.same_node(src_rank, dst_rank)) return best;
-  for (int proxies = 1; proxies <= cluster.nics_per_node; proxies *= 2) {
-    for (int chunks : kRoutingChunkChoices) {
-      if (proxies == 1 && chunks > 1) break;  // a direct transfer is never cut
-      const Seconds time_s =
-          evaluator.transfer_time_s(bytes_per_layer, src_rank, dst_rank, proxies, chunks) +
-          evaluator.transfer_time_s(2 * bytes_per_layer, src_rank, dst_rank, proxies, chunks);
-      if (time_s < best_s) {
-        best_s = time_s;
-        best = {proxies, chunks};
-      }
+  if (cost.cluster().same_node(src_rank, dst_rank)) return best;
+  for (const Routing& routing : routing_choices(cost.cluster())) {
+    const Seconds time_s = both_passes_s(evaluator, bytes_per_layer, src_rank, dst_rank, routing);
+    if (time_s < best_s) {
+      best_s = time_s;
+      best = routing;
     }
   }
   return best;
 }
 
-Crossovers find_crossovers(const CostModel& cost, const PlanEvaluator& evaluator) {
+Routing choose_routing(const CostModel& cost, const PlanEvaluator& evaluator, Bytes bytes_per_layer,
+                       int src_rank, int dst_rank) {
+  if (cost.cluster().same_node(src_rank, dst_rank)) return {};
+  return choose_pruned(routing_choices(cost.cluster()), evaluator, bytes_per_layer, src_rank,
+                       dst_rank)
+      .routing;
+}
+
+namespace {
+
+Crossovers find_crossovers_with(const CostModel& cost, const PlanEvaluator& evaluator,
+                                bool exhaustive) {
   const Cluster& cluster = cost.cluster();
   const Bytes kv = cost.model().kv_bytes_per_token();
   Crossovers out;
   if (cluster.gpus_per_node > 1) {
-    out.intra_node_tokens_per_rank =
-        crossover_tokens(cost, [&](Tokens c) { return cost.p2p_time_s(kv * c, 0, 1); });
+    out.intra_node_tokens_per_rank = crossover_tokens([&](Tokens c) {
+      return ring_step_attention_s(cost, c) >= cost.p2p_time_s(kv * c, 0, 1);
+    });
   }
   if (cluster.nodes > 1) {
     const int src = cluster.gpus_per_node - 1, dst = cluster.gpus_per_node;
-    out.inter_node_tokens_per_rank =
-        crossover_tokens(cost, [&](Tokens c) { return cost.p2p_time_s(kv * c, src, dst); });
-    out.inter_node_routed_tokens_per_rank = crossover_tokens(cost, [&](Tokens c) {
-      const Routing routing = choose_routing(cost, evaluator, kv * c, src, dst);
-      return evaluator.transfer_time_s(kv * c, src, dst, routing.proxies, routing.chunks);
+    out.inter_node_tokens_per_rank = crossover_tokens([&](Tokens c) {
+      return ring_step_attention_s(cost, c) >= cost.p2p_time_s(kv * c, src, dst);
+    });
+    const std::vector<Routing> choices = routing_choices(cluster);
+    const auto smallest_floor_s = [&](Bytes bytes) {
+      Seconds floor_s = std::numeric_limits<Seconds>::infinity();
+      for (const Routing& routing : choices) {
+        floor_s = std::min(floor_s, evaluator.transfer_time_floor_s(bytes, src, dst,
+                                                                    routing.proxies,
+                                                                    routing.chunks));
+      }
+      return floor_s;
+    };
+    std::optional<Routing> previous;  // the last step's choice
+    out.inter_node_routed_tokens_per_rank = crossover_tokens([&](Tokens c) {
+      const Seconds attention_s = ring_step_attention_s(cost, c);
+      const Bytes bytes = kv * c;
+      if (exhaustive) {
+        const Routing routing = choose_routing_exhaustive(cost, evaluator, bytes, src, dst);
+        return attention_s >=
+               evaluator.transfer_time_s(bytes, src, dst, routing.proxies, routing.chunks);
+      }
+      // The chosen routing's time is at least its floor, so at least the smallest floor.
+      if (attention_s < smallest_floor_s(bytes) * (1 - kBoundSlack)) return false;
+      if (previous) {
+        // And at most its both passes (no more than any choice's, the previous one's)
+        // less its backward transfer (at least the smallest floor of twice the bytes).
+        const Seconds previous_s = both_passes_s(evaluator, bytes, src, dst, *previous);
+        const Seconds upper_s = previous_s - smallest_floor_s(2 * bytes);
+        if (attention_s >= upper_s + kBoundSlack * previous_s) return true;
+      }
+      const Routing routing = choose_pruned(choices, evaluator, bytes, src, dst).routing;
+      previous = routing;
+      return attention_s >=
+             evaluator.transfer_time_s(bytes, src, dst, routing.proxies, routing.chunks);
     });
   }
   Tokens low = 1, high = kMaxSequenceTokens;
@@ -127,6 +225,16 @@ Crossovers find_crossovers(const CostModel& cost, const PlanEvaluator& evaluator
   }
   out.attention_over_linear_tokens = low;
   return out;
+}
+
+}  // namespace
+
+Crossovers find_crossovers(const CostModel& cost, const PlanEvaluator& evaluator) {
+  return find_crossovers_with(cost, evaluator, /*exhaustive=*/false);
+}
+
+Crossovers find_crossovers_exhaustive(const CostModel& cost, const PlanEvaluator& evaluator) {
+  return find_crossovers_with(cost, evaluator, /*exhaustive=*/true);
 }
 
 TierContext make_tier_context(const CostModel& cost, const PlanEvaluator& evaluator,

@@ -129,6 +129,11 @@ TEST(IsolatedTransfer, RefusesArgumentsAPlanCouldNotHold) {
   EXPECT_THROW(isolated_transfer_time_s(cost, 100, 0, 8, 2, kMaxRoutingChunks + 1), InputError);
   EXPECT_EQ(isolated_transfer_time_s(cost, 0, 0, 8, 4, 4), 0);
   EXPECT_EQ(isolated_transfer_time_s(cost, 100, 3, 3, 4, 4), 0);
+  EXPECT_THROW(isolated_transfer_floor_s(cost, 100, 0, 16, 1, 1), InputError);
+  EXPECT_THROW(isolated_transfer_floor_s(cost, 100, 0, 8, 9, 1), InputError);
+  EXPECT_THROW(isolated_transfer_floor_s(cost, 100, 0, 8, 2, kMaxRoutingChunks + 1), InputError);
+  EXPECT_EQ(isolated_transfer_floor_s(cost, 0, 0, 8, 4, 4), 0);
+  EXPECT_EQ(isolated_transfer_floor_s(cost, 100, 3, 3, 4, 4), 0);
 }
 
 /// A cluster of `base` with link numbers drawn around realistic values.
@@ -209,6 +214,35 @@ TEST_P(RoutingProperties, HoldOnRandomBytesAndLinks) {
       EXPECT_LT(isolated_transfer_time_s(cost, large, src, dst, proxies, 4),
                 isolated_transfer_time_s(cost, large, src, dst, proxies, 1));
     }
+  }
+}
+
+TEST_P(RoutingProperties, FloorIsNeverAboveTheSimulatedTransfer) {
+  // isolated_transfer_floor_s() lets choose_routing skip choices unpriced: it must stay at
+  // or below the simulated time for every choice, latency-bound to bandwidth-bound, and
+  // equal it where nothing shares a link (one direct transfer).
+  std::mt19937 random(11);
+  std::uniform_int_distribution<int> log2_bytes(0, 34);
+  for (int trial = 0; trial < 40; ++trial) {
+    const AnalyticalCostModel cost(random_links(base(), random), model_preset("llama-7b"));
+    const int gpus = cost.cluster().gpus_per_node;
+    const int src = static_cast<int>(random() % static_cast<unsigned>(gpus));
+    const int dst = gpus + static_cast<int>(random() % static_cast<unsigned>(gpus));
+    const Bytes bytes = (Bytes{1} << log2_bytes(random)) + static_cast<Bytes>(random() % 4096);
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << ": " << bytes << " bytes " << src << " -> " << dst);
+    for (int proxies = 1; proxies <= gpus; ++proxies) {
+      for (int chunks : {1, 2, 3, 4, 8, kMaxRoutingChunks}) {
+        const Seconds time_s = isolated_transfer_time_s(cost, bytes, src, dst, proxies, chunks);
+        const Seconds floor_s = isolated_transfer_floor_s(cost, bytes, src, dst, proxies, chunks);
+        EXPECT_LE(floor_s, time_s * (1 + 1e-12)) << proxies << " proxies, " << chunks << " chunks";
+        EXPECT_GT(floor_s, 0.0);
+      }
+    }
+    EXPECT_EQ(isolated_transfer_floor_s(cost, bytes, src, dst, 1, 1),
+              isolated_transfer_time_s(cost, bytes, src, dst, 1, 1));
+    EXPECT_EQ(isolated_transfer_floor_s(cost, bytes, src, (src + 1) % gpus, 4, 8),
+              cost.p2p_time_s(bytes, src, (src + 1) % gpus));
   }
 }
 

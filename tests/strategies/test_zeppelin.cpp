@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <random>
 
 #include "ballast/error.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/tensor_parallel.hpp"
 #include "builders.hpp"
 #include "zeppelin.hpp"
 
@@ -183,6 +185,60 @@ TEST(ZeppelinRouting, NeverSlowsATransferAndPaysForLargeOnes) {
     }
     // Intra-node transfers are never routed.
     EXPECT_EQ(choose_routing(*cost, evaluator, Bytes{1} << 30, 0, 1).proxies, 1);
+  }
+}
+
+TEST(ZeppelinRouting, PrunedChoiceIsTheExhaustiveOne) {
+  // choose_routing skips choices whose floor is above the best found; on random byte
+  // counts, links and NIC counts it must choose exactly what pricing every choice chooses.
+  std::mt19937 random(5);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::uniform_int_distribution<int> log2_bytes(0, 34);
+  int routed = 0;
+  for (const std::string preset : {"a800-roce", "h200", "a100-ib400", "h800"}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      Cluster cluster = load_cluster(preset, 2);
+      cluster.inter_node_latency_s = (5 + 45 * unit(random)) * 1e-6;
+      cluster.nic_bw_bytes_per_s = (10 + 40 * unit(random)) * 1e9;
+      cluster.intra_node_p2p_bw_bytes_per_s = (80 + 220 * unit(random)) * 1e9;
+      if (trial % 3 == 0) cluster.nics_per_node = cluster.gpus_per_node;
+      const auto cost = make_cost_model(load_cost_model_spec("analytical"), cluster,
+                                        load_model("llama-7b"));
+      const SimulatorEvaluator evaluator(*cost);
+      const int gpus = cluster.gpus_per_node;
+      const int src = static_cast<int>(random() % static_cast<unsigned>(gpus));
+      const int dst = gpus + static_cast<int>(random() % static_cast<unsigned>(gpus));
+      const Bytes bytes = (Bytes{1} << log2_bytes(random)) + static_cast<Bytes>(random() % 4096);
+      const Routing pruned = choose_routing(*cost, evaluator, bytes, src, dst);
+      const Routing exhaustive = choose_routing_exhaustive(*cost, evaluator, bytes, src, dst);
+      EXPECT_EQ(pruned.proxies, exhaustive.proxies) << preset << " " << trial << ": " << bytes;
+      EXPECT_EQ(pruned.chunks, exhaustive.chunks) << preset << " " << trial << ": " << bytes;
+      routed += exhaustive.proxies > 1;
+    }
+  }
+  EXPECT_GT(routed, 0);  // the trials reach the choices pruning matters for
+}
+
+TEST(ZeppelinCrossovers, PrunedSearchIsTheExhaustiveOne) {
+  // find_crossovers decides most steps of the routed search from floors and the previous
+  // step's choice; every preset and model (TP too) must give the exhaustive search's results.
+  for (const std::string& preset : cluster_preset_names()) {
+    for (const std::string model : {"llama-7b", "openllama-3b", "llama-30b"}) {
+      for (const int tp : {1, 2}) {
+        const Model shape = load_model(model);
+        const Cluster cluster = tensor_parallel_units(load_cluster(preset, 2), shape, tp);
+        const auto cost = make_cost_model(load_cost_model_spec("analytical"), cluster, shape);
+        const SimulatorEvaluator evaluator(*cost);
+        const Crossovers pruned = find_crossovers(*cost, evaluator);
+        const Crossovers exhaustive = find_crossovers_exhaustive(*cost, evaluator);
+        SCOPED_TRACE(preset + " " + model + " tp " + std::to_string(tp));
+        EXPECT_EQ(pruned.intra_node_tokens_per_rank, exhaustive.intra_node_tokens_per_rank);
+        EXPECT_EQ(pruned.inter_node_tokens_per_rank, exhaustive.inter_node_tokens_per_rank);
+        EXPECT_EQ(pruned.inter_node_routed_tokens_per_rank,
+                  exhaustive.inter_node_routed_tokens_per_rank);
+        EXPECT_EQ(pruned.attention_over_linear_tokens, exhaustive.attention_over_linear_tokens);
+      }
+    }
   }
 }
 
