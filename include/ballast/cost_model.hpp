@@ -101,9 +101,16 @@ class AttentionTilePricing {
  public:
   explicit AttentionTilePricing(const Cluster& cluster);
   /// The block's work in causal pairs at the pass's best tile efficiency: tiles x T^2 x
-  /// best / efficiency(L). Always >= causal_pairs(block). No allocation; one log, one
-  /// square root off the diagonal, a scan of the points.
+  /// best / efficiency(L). Always >= causal_pairs(block). It depends on the block's
+  /// lengths and its queries' offset from its keys only (tiles and pairs do not move
+  /// with the block), and planners price the same shapes again and again (every ring
+  /// step of a zigzag split, every document of every candidate plan): remembered per
+  /// thread by shape (effective_pairs_computed() on a miss; a fixed table of the latest
+  /// shapes, entries tagged with this pricing's id, which no other pricing ever gets).
   double effective_pairs(const AttentionBlock& block, Pass pass) const;
+  /// effective_pairs() without the memo: one log, one square root off the diagonal, a
+  /// scan of the points, no allocation. The reference the memo is tested against.
+  double effective_pairs_computed(const AttentionBlock& block, Pass pass) const;
   /// A packed call's work: its `tiles` tiles at the efficiency its per-document `blocks`
   /// get on average per block (the blocks' effective pairs x tiles / their own tiles; a
   /// call tiled as its blocks are costs exactly their sum). Every efficiency is at most
@@ -133,6 +140,9 @@ class AttentionTilePricing {
   Tokens tile_tokens_;
   Table forward_;
   Table backward_;
+  /// Tags this pricing's entries in the threads' memos (effective_pairs): unique per
+  /// constructed pricing (a copy has the same tables and keeps it).
+  std::uint64_t memo_id_;
 };
 
 /// Every operation's time is for the whole model: an op that happens once per layer

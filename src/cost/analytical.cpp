@@ -3,7 +3,10 @@
 // packed spans) and priced at the efficiency of its pass's curve at the block's
 // equivalent length (a packed call: its blocks' mean; AttentionTilePricing).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ballast/cost_model.hpp"
@@ -64,12 +67,46 @@ double equivalent_causal_length(double pairs) {
   return pairs <= 0 ? 0.0 : (std::sqrt(8.0 * pairs + 1.0) - 1.0) / 2.0;
 }
 
+namespace {
+
+/// Ids of constructed pricings (0: an empty memo entry).
+std::atomic<std::uint64_t> next_pricing_memo_id{1};
+
+/// One remembered price: the pricing's id and pass (tag), the block's shape, its price.
+struct PricedShape {
+  std::uint64_t tag = 0;
+  Tokens q_tokens = 0;
+  Tokens kv_tokens = 0;
+  Tokens offset_tokens = 0;  ///< q_begin - kv_begin
+  double pairs = 0;
+};
+
+/// Direct-mapped, 2^12 entries (160 KiB) per thread, allocated on the thread's first use:
+/// callgrind on `ballast plan --strategy ballast --batch-size 512` (2026-12-04) measured
+/// the planning instructions with 2^10 to 2^16 entries (docs/cost-model.md).
+constexpr int kShapeMemoBits = 12;
+
+PricedShape& memo_slot(std::uint64_t tag, Tokens q_tokens, Tokens kv_tokens, Tokens offset_tokens) {
+  thread_local std::unique_ptr<PricedShape[]> memo;
+  if (!memo) memo = std::make_unique<PricedShape[]>(std::size_t{1} << kShapeMemoBits);
+  std::uint64_t hash = tag * 0x9E3779B97F4A7C15ULL;
+  hash ^= static_cast<std::uint64_t>(q_tokens) * 0xC2B2AE3D27D4EB4FULL;
+  hash ^= static_cast<std::uint64_t>(kv_tokens) * 0x165667B19E3779F9ULL;
+  hash ^= static_cast<std::uint64_t>(offset_tokens) * 0xD6E8FEB86659FD93ULL;
+  hash ^= hash >> 29;
+  hash *= 0xBF58476D1CE4E5B9ULL;
+  return memo[hash >> (64 - kShapeMemoBits)];
+}
+
+}  // namespace
+
 AttentionTilePricing::AttentionTilePricing(const Cluster& cluster)
     : tile_tokens_(cluster.attention_tile_tokens),
       forward_(make_table(cluster.attention_forward_curve, cluster.attention_efficiency,
                           cluster.attention_tile_tokens)),
       backward_(make_table(cluster.attention_backward_curve, cluster.attention_efficiency,
-                           cluster.attention_tile_tokens)) {}
+                           cluster.attention_tile_tokens)),
+      memo_id_(next_pricing_memo_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 AttentionTilePricing::Table AttentionTilePricing::make_table(
     const std::vector<EfficiencyPoint>& curve, double flat_efficiency, Tokens tile_tokens) {
@@ -107,6 +144,21 @@ double AttentionTilePricing::tile_efficiency(const Table& curve, double length) 
 }
 
 double AttentionTilePricing::effective_pairs(const AttentionBlock& block, Pass pass) const {
+  const Tokens q_tokens = block.q_end - block.q_begin;
+  const Tokens kv_tokens = block.kv_end - block.kv_begin;
+  const Tokens offset_tokens = block.q_begin - block.kv_begin;
+  const std::uint64_t tag = 2 * memo_id_ + (pass == Pass::forward ? 0 : 1);
+  PricedShape& slot = memo_slot(tag, q_tokens, kv_tokens, offset_tokens);
+  if (slot.tag == tag && slot.q_tokens == q_tokens && slot.kv_tokens == kv_tokens &&
+      slot.offset_tokens == offset_tokens) {
+    return slot.pairs;
+  }
+  const double pairs = effective_pairs_computed(block, pass);
+  slot = {tag, q_tokens, kv_tokens, offset_tokens, pairs};
+  return pairs;
+}
+
+double AttentionTilePricing::effective_pairs_computed(const AttentionBlock& block, Pass pass) const {
   const Tokens tiles = causal_tiles(block, tile_tokens_);
   if (tiles == 0) return 0.0;
   const double tile_work = static_cast<double>(tiles) * static_cast<double>(tile_tokens_) *

@@ -3,6 +3,7 @@
 // against FlashAttention-3's published forward figures (printed; docs/fidelity.md).
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -134,6 +135,49 @@ TEST(AttentionTilePricing, MatchesSlowReferenceOnRandomBlocksAndCurves) {
       }
     }
   }
+}
+
+TEST(AttentionTilePricing, RemembersPricesByShapeExactly) {
+  // effective_pairs() answers from a per-thread memo by (pricing, pass, lengths, offset):
+  // on random blocks, moved copies of them and many pricings alive at once sharing the
+  // thread's table (several curves, so an entry of one pricing read by another would
+  // show), every answer is the computed one, bit for bit.
+  std::mt19937_64 rng(23);
+  std::vector<AttentionTilePricing> pricings;
+  for (int i = 0; i < 6; ++i) pricings.emplace_back(random_curve_cluster(rng));
+  std::uniform_int_distribution<Tokens> shift(-5000, 5000);
+  std::uniform_int_distribution<std::size_t> which(0, pricings.size() - 1);
+  int repeats = 0;
+  std::vector<AttentionBlock> seen;
+  for (int i = 0; i < 20000; ++i) {
+    AttentionBlock block;
+    if (!seen.empty() && i % 2 == 1) {  // a shape priced before, somewhere else
+      block = seen[std::uniform_int_distribution<std::size_t>(0, seen.size() - 1)(rng)];
+      const Tokens by = shift(rng) + 10000;
+      block = {block.q_begin + by, block.q_end + by, block.kv_begin + by, block.kv_end + by};
+      ++repeats;
+    } else {
+      block = random_block(rng, 3000);
+      seen.push_back(block);
+    }
+    const AttentionTilePricing& pricing = pricings[which(rng)];
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      const double computed = pricing.effective_pairs_computed(block, pass);
+      ASSERT_EQ(pricing.effective_pairs(block, pass), computed)
+          << "block " << block.q_begin << " " << block.q_end << " " << block.kv_begin << " "
+          << block.kv_end;
+      ASSERT_EQ(pricing.effective_pairs(block, pass), computed);  // now from the memo
+    }
+  }
+  EXPECT_GT(repeats, 5000);
+  // A pricing built where another one was (same address, other curves) gets its own.
+  std::optional<AttentionTilePricing> slot(std::in_place, random_curve_cluster(rng));
+  const AttentionBlock block{1000, 2000, 0, 1500};
+  const double first = slot->effective_pairs(block, Pass::forward);
+  slot.emplace(random_curve_cluster(rng));
+  EXPECT_EQ(slot->effective_pairs(block, Pass::forward),
+            slot->effective_pairs_computed(block, Pass::forward));
+  static_cast<void>(first);
 }
 
 TEST(AttentionTilePricing, FlatWithoutCurvesAsBefore) {
