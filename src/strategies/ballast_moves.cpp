@@ -346,7 +346,12 @@ class MoveGenerator {
   const std::vector<Seconds>& loads(int m) const {
     return estimate_.micro_batches[static_cast<std::size_t>(m)].rank_time_s;
   }
-  void add(MoveKind kind, EditBuilder edit) { moves_.push_back({kind, {edit.finish()}}); }
+  void add(MoveKind kind, EditBuilder edit) {
+    // Not {kind, {edit.finish()}}: an initializer list would copy the micro-batch.
+    Move move{kind, {}};
+    move.edits.push_back(edit.finish());
+    moves_.push_back(std::move(move));
+  }
   /// A move of two micro-batches (edits in ascending index).
   void add(MoveKind kind, EditBuilder first, EditBuilder second) {
     Move move{kind, {}};
