@@ -470,6 +470,14 @@ int add_direct_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
                                 ctx.ports.transfer_ports(src_rank, dst_rank), deps, name);
 }
 
+/// Bytes of piece `piece` of a routed part of part_bytes cut in `chunks` pieces of
+/// ceil(part / chunks) bytes (the last one shorter; 0 past the part's end).
+Bytes routed_piece_bytes(Bytes part_bytes, int chunks, int piece) {
+  const Bytes piece_bytes = ceil_div(part_bytes, static_cast<Bytes>(chunks));
+  const Bytes begin = piece * piece_bytes;
+  return begin >= part_bytes ? 0 : std::min(piece_bytes, part_bytes - begin);
+}
+
 /// Zeppelin routing: part t of k carries routed_part_range(B, k, t). Part 0 leaves through
 /// the sender's own NIC; part t >= 1 is dispatched to routing_proxy(src, t) over NVLink,
 /// crosses on that proxy's NIC to routing_proxy(dst, t) and is combined into dst over
@@ -489,19 +497,14 @@ int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
   // one's combine; the parts' dispatches share the sender's NVLink port and their
   // combines the receiver's.
   std::vector<Bytes> part_bytes(static_cast<std::size_t>(parts));
-  std::vector<Bytes> piece_bytes(static_cast<std::size_t>(parts));
-  for (int t = 1; t < parts; ++t) {
-    part_bytes[t] = routed_part_range(bytes_per_layer, parts, t).size();
-    piece_bytes[t] = ceil_div(part_bytes[t], chunks);
-  }
+  for (int t = 1; t < parts; ++t) part_bytes[t] = routed_part_range(bytes_per_layer, parts, t).size();
   std::vector<int> last_piece(static_cast<std::size_t>(parts), -1);
   std::vector<int> last_dispatch(static_cast<std::size_t>(parts), -1);
   std::vector<int> last_crossing(static_cast<std::size_t>(parts), -1);
   for (int piece = 0; piece < chunks; ++piece) {
     for (int t = 1; t < parts; ++t) {
-      const Bytes begin = piece * piece_bytes[t];
-      if (begin >= part_bytes[t]) continue;
-      const Bytes bytes = std::min(piece_bytes[t], part_bytes[t] - begin);
+      const Bytes bytes = routed_piece_bytes(part_bytes[t], chunks, piece);
+      if (bytes <= 0) continue;
       const int from = routing_proxy(cluster, src_rank, t);
       const int to = routing_proxy(cluster, dst_rank, t);
       last_dispatch[t] = add_direct_transfer(ctx, src_rank, from, bytes, {dep, last_dispatch[t]},
@@ -551,6 +554,31 @@ int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer
   }
   return add_routed_transfer(ctx, src_rank, dst_rank, bytes_per_layer, dep, parts, routing_chunks,
                              name);
+}
+
+Seconds p2p_floor_s(const CostModel& cost, int src_rank, int dst_rank, Bytes bytes_per_layer,
+                    int routing_proxies, int routing_chunks) {
+  if (src_rank == dst_rank || bytes_per_layer <= 0) return 0.0;
+  const int parts = routing_parts(cost.cluster(), routing_proxies, src_rank, dst_rank);
+  if (parts == 1) return cost.p2p_time_s(bytes_per_layer, src_rank, dst_rank);
+  Seconds floor_s =
+      cost.p2p_time_s(routed_part_range(bytes_per_layer, parts, 0).size(), src_rank, dst_rank);
+  for (int t = 1; t < parts; ++t) {
+    const Bytes part_bytes = routed_part_range(bytes_per_layer, parts, t).size();
+    if (part_bytes <= 0) continue;
+    const int from = routing_proxy(cost.cluster(), src_rank, t);
+    const int to = routing_proxy(cost.cluster(), dst_rank, t);
+    Seconds chain_s = cost.p2p_time_s(routed_piece_bytes(part_bytes, routing_chunks, 0), src_rank, from);
+    Bytes last_piece = 0;
+    for (int piece = 0; piece < routing_chunks; ++piece) {
+      const Bytes bytes = routed_piece_bytes(part_bytes, routing_chunks, piece);
+      if (bytes <= 0) break;
+      chain_s += cost.p2p_time_s(bytes, from, to);
+      last_piece = bytes;
+    }
+    floor_s = std::max(floor_s, chain_s + cost.p2p_time_s(last_piece, to, dst_rank));
+  }
+  return floor_s;
 }
 
 }  // namespace ballast::sim

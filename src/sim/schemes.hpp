@@ -40,4 +40,11 @@ void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pa
 int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
             int routing_proxies, int routing_chunks, const std::function<std::string()>& name);
 
+/// A time the transfer add_p2p builds (same arguments, on idle links from time 0) never
+/// ends before: its longest chain of tasks (the direct transfer; or part 0's, and for each
+/// other part its first piece's dispatch, every piece's NIC hop in turn and its last
+/// piece's combine), each at its p2p_time_s (a task never runs faster than alone).
+Seconds p2p_floor_s(const CostModel& cost, int src_rank, int dst_rank, Bytes bytes_per_layer,
+                    int routing_proxies, int routing_chunks);
+
 }  // namespace ballast::sim

@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 
 #include "ballast/error.hpp"
-#include "ballast/plan_layout.hpp"
 #include "program.hpp"
 #include "schemes.hpp"
 #include "simulate_validated.hpp"
@@ -290,30 +289,8 @@ Seconds isolated_transfer_floor_s(const CostModel& cost, Bytes bytes_per_layer, 
                                   int dst_rank, int routing_proxies, int routing_chunks) {
   const Cluster& cluster = cost.cluster();
   check_isolated_transfer(cluster, src_rank, dst_rank, routing_proxies, routing_chunks);
-  if (src_rank == dst_rank || bytes_per_layer <= 0) return 0.0;
-  // The same ranks and tasks as add_p2p and add_routed_transfer (schemes.cpp) build.
   const auto [src, dst] = renumbered_pair(cluster, src_rank, dst_rank);
-  const int parts = routing_parts(cluster, routing_proxies, src, dst);
-  if (parts == 1) return cost.p2p_time_s(bytes_per_layer, src, dst);
-  Seconds floor_s = cost.p2p_time_s(routed_part_range(bytes_per_layer, parts, 0).size(), src, dst);
-  for (int t = 1; t < parts; ++t) {
-    const Bytes part_bytes = routed_part_range(bytes_per_layer, parts, t).size();
-    if (part_bytes <= 0) continue;
-    const Bytes piece_bytes = ceil_div(part_bytes, static_cast<Bytes>(routing_chunks));
-    const int from = routing_proxy(cluster, src, t);
-    const int to = routing_proxy(cluster, dst, t);
-    // Pieces cross one after another; the first waits for its dispatch, the last's
-    // combine for its crossing.
-    Seconds chain_s = cost.p2p_time_s(std::min(piece_bytes, part_bytes), src, from);
-    Bytes last_piece = 0;
-    for (Bytes begin = 0; begin < part_bytes; begin += piece_bytes) {
-      last_piece = std::min(piece_bytes, part_bytes - begin);
-      chain_s += cost.p2p_time_s(last_piece, from, to);
-    }
-    chain_s += cost.p2p_time_s(last_piece, to, dst);
-    floor_s = std::max(floor_s, chain_s);
-  }
-  return floor_s;
+  return sim::p2p_floor_s(cost, src, dst, bytes_per_layer, routing_proxies, routing_chunks);
 }
 
 }  // namespace ballast

@@ -73,12 +73,7 @@ Seconds both_passes_floor_s(const PlanEvaluator& evaluator, Bytes bytes, int src
 /// task times as the simulation in another order, so they may differ from it by rounding.
 constexpr double kBoundSlack = 1e-9;
 
-struct RoutingChoice {
-  Routing routing;
-  Seconds both_passes_s = std::numeric_limits<Seconds>::infinity();
-};
-
-RoutingChoice choose_pruned(const std::vector<Routing>& choices, const PlanEvaluator& evaluator,
+Routing choose_pruned(const std::vector<Routing>& choices, const PlanEvaluator& evaluator,
                             Bytes bytes, int src, int dst) {
   // Priced most proxies first (the lowest floors), fewer chunks first within; a choice
   // whose floor is above the best found cannot be the minimum and stays unpriced.
@@ -99,7 +94,7 @@ RoutingChoice choose_pruned(const std::vector<Routing>& choices, const PlanEvalu
   }
   // The ties' order: the first choice with the minimum, as choose_routing_exhaustive.
   for (std::size_t i = 0; i < choices.size(); ++i) {
-    if (priced[i] == best_s) return {choices[i], best_s};
+    if (priced[i] == best_s) return choices[i];
   }
   return {};
 }
@@ -158,8 +153,7 @@ Routing choose_routing(const CostModel& cost, const PlanEvaluator& evaluator, By
                        int src_rank, int dst_rank) {
   if (cost.cluster().same_node(src_rank, dst_rank)) return {};
   return choose_pruned(routing_choices(cost.cluster()), evaluator, bytes_per_layer, src_rank,
-                       dst_rank)
-      .routing;
+                       dst_rank);
 }
 
 namespace {
@@ -207,7 +201,7 @@ Crossovers find_crossovers_with(const CostModel& cost, const PlanEvaluator& eval
         const Seconds upper_s = previous_s - smallest_floor_s(2 * bytes);
         if (attention_s >= upper_s + kBoundSlack * previous_s) return true;
       }
-      const Routing routing = choose_pruned(choices, evaluator, bytes, src, dst).routing;
+      const Routing routing = choose_pruned(choices, evaluator, bytes, src, dst);
       previous = routing;
       return attention_s >=
              evaluator.transfer_time_s(bytes, src, dst, routing.proxies, routing.chunks);
