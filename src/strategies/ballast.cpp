@@ -471,9 +471,11 @@ class BallastPlanner final : public Planner {
     Plan seed = best;
     PlanEvaluation seed_evaluation = evaluation;
     const bool seeded = try_seeds(batch, cost, options, evaluator, *winner, seed, seed_evaluation);
-    best = search(std::move(best), evaluation, cost, evaluator, budget);
+    // The searches' candidates only: the portfolio's members simulate many plans once.
+    const RememberingEvaluator remembering(evaluator);
+    best = search(std::move(best), evaluation, cost, remembering, budget);
     if (!seeded) return best;
-    seed = search(std::move(seed), seed_evaluation, cost, evaluator, budget);
+    seed = search(std::move(seed), seed_evaluation, cost, remembering, budget);
     return seed_evaluation.step_time_s < evaluation.step_time_s ? seed : best;
   }
 };

@@ -144,4 +144,55 @@ std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>
 /// `plan` with the move's micro-batches replaced.
 Plan apply_move(const Plan& plan, const Move& move);
 
+/// 128 bits digesting every field of a plan's micro-batches (two independent 64-bit mixes):
+/// what tells the search's candidates apart (they share the rest of the plan).
+struct PlanDigest {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+  bool operator==(const PlanDigest&) const = default;
+};
+PlanDigest digest_of(const std::vector<MicroBatch>& micro_batches);
+
+/// A PlanEvaluator that remembers what `inner`'s evaluate_below() returned for each plan
+/// (by digest_of its micro-batches) and answers a repeated call from memory where
+/// evaluate_below's contract lets it: the stored evaluation when its step was below the
+/// bound it was simulated under (then it is evaluate()'s, whatever the new bound), or
+/// when its step reaches the new bound (a stopped simulation's step is at most the plan's,
+/// so it is one the contract allows for the new bound too).
+/// Every other call goes to `inner`. The search's phases and rounds generate many of the
+/// same candidates from a plan none of them changed; remembering them changes no choice,
+/// only what is simulated. Single-threaded (as the search is); `inner` must outlive it.
+class RememberingEvaluator final : public PlanEvaluator {
+ public:
+  explicit RememberingEvaluator(const PlanEvaluator& inner) : inner_(inner) {}
+  Seconds step_time_s(const Plan& plan) const override { return inner_.step_time_s(plan); }
+  Seconds step_time_below_s(const Plan& plan, Seconds bound_s) const override {
+    return inner_.step_time_below_s(plan, bound_s);
+  }
+  PlanEvaluation evaluate(const Plan& plan) const override { return inner_.evaluate(plan); }
+  PlanEvaluation evaluate_below(const Plan& plan, Seconds bound_s) const override;
+  Seconds transfer_time_s(Bytes bytes_per_layer, int src_rank, int dst_rank, int routing_proxies,
+                          int routing_chunks) const override {
+    return inner_.transfer_time_s(bytes_per_layer, src_rank, dst_rank, routing_proxies, routing_chunks);
+  }
+  Seconds transfer_time_floor_s(Bytes bytes_per_layer, int src_rank, int dst_rank, int routing_proxies,
+                                int routing_chunks) const override {
+    return inner_.transfer_time_floor_s(bytes_per_layer, src_rank, dst_rank, routing_proxies, routing_chunks);
+  }
+  /// Calls of evaluate_below() passed to `inner` and answered from memory.
+  long long passed() const { return passed_; }
+  long long remembered() const { return remembered_; }
+
+ private:
+  struct Entry {
+    PlanDigest digest;
+    Seconds bound_s = 0;
+    PlanEvaluation evaluation;
+  };
+  const PlanEvaluator& inner_;
+  mutable std::vector<Entry> entries_;
+  mutable long long passed_ = 0;
+  mutable long long remembered_ = 0;
+};
+
 }  // namespace ballast::strategies::ballast_search

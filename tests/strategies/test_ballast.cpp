@@ -785,6 +785,93 @@ TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
 
 // ballast's plan: valid, byte-identical when planned again, never slower than any member
 // of its portfolio (the simulator's step), and budget=0 is the portfolio's best.
+// The digest tells plans apart by any field of their micro-batches, and a copy from
+// another.
+TEST(BallastSearch, DigestChangesWithEveryField) {
+  const CostModel& cost = *setups()[1].cost;  // a800-roce 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  const Plan plan = find_planner("zeppelin").plan(sampled_batch(cost, 3), cost, {}, evaluator);
+  const PlanDigest digest = digest_of(plan.micro_batches);
+  EXPECT_EQ(digest_of(Plan(plan).micro_batches), digest);
+  std::vector<std::vector<MicroBatch>> changed;
+  const auto with = [&](const auto& edit) {
+    std::vector<MicroBatch> copy = plan.micro_batches;
+    edit(copy.front());
+    changed.push_back(std::move(copy));
+  };
+  with([](MicroBatch& m) { m.groups.front().routing_chunks += 1; });
+  with([](MicroBatch& m) { m.groups.front().routing_proxies += 1; });
+  with([](MicroBatch& m) { m.groups.front().ulysses_degree += 1; });
+  with([](MicroBatch& m) { m.groups.front().scheme = Scheme::all_gather; });
+  with([](MicroBatch& m) { m.groups.front().sequences.front().chunks.front().end_tokens -= 1; });
+  with([](MicroBatch& m) { m.groups.front().sequences.front().padded_length_tokens += 1; });
+  with([](MicroBatch& m) { std::swap(m.groups.front(), m.groups.back()); });
+  with([](MicroBatch& m) { m.queues.assign(16, {}); });
+  with([](MicroBatch& m) { m.linear_layout.push_back({0, 0, 0, 1}); });
+  with([](MicroBatch& m) { m.groups.pop_back(); });
+  std::vector<MicroBatch> more = plan.micro_batches;
+  more.emplace_back();
+  changed.push_back(std::move(more));
+  for (std::size_t i = 0; i < changed.size(); ++i) {
+    const PlanDigest other = digest_of(changed[i]);
+    EXPECT_NE(other.first, digest.first) << i;
+    EXPECT_NE(other.second, digest.second) << i;
+  }
+}
+
+// RememberingEvaluator keeps evaluate_below's contract: on plans the search sees (each
+// portfolio member's and the moves from it), each asked again and again under random
+// bounds, its answer is evaluate()'s when the step is below the bound, else a step at or
+// above the bound and at most the plan's; and it answers repeats from memory.
+TEST(BallastSearch, RememberingEvaluatorKeepsTheContract) {
+  long long calls = 0, remembered = 0;
+  for (const CostSetup& setup : setups()) {
+    const CostModel& cost = *setup.cost;
+    const SimulatorEvaluator evaluator(cost);
+    const RememberingEvaluator remembering(evaluator);
+    const Batch batch = sampled_batch(cost, 11);
+    std::vector<Plan> plans;
+    for (const char* name : {"flexsp-fast", "zeppelin"}) {
+      const std::optional<Plan> plan = plan_or_skip(find_planner(name), batch, cost, evaluator);
+      if (!plan) continue;
+      const PlanEstimate estimate = estimate_plan(*plan, cost, evaluator);
+      for (const Move& move : generate_moves(*plan, estimate, cost, 6, Loads::with_sync)) {
+        Plan moved = apply_move(*plan, move);
+        if (validate(moved, cost).ok) plans.push_back(std::move(moved));
+      }
+      plans.push_back(*plan);
+    }
+    ASSERT_FALSE(plans.empty()) << setup.label;
+    std::vector<PlanEvaluation> exact;
+    for (const Plan& plan : plans) exact.push_back(evaluator.evaluate(plan));
+    std::uint64_t state = 12345;
+    const auto next = [&] {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return state >> 33;
+    };
+    for (int call = 0; call < 200; ++call) {
+      const std::size_t i = next() % plans.size();
+      const Seconds step_s = exact[i].step_time_s;
+      const double factors[] = {0.9, 0.99, 1.0, 1.0 + 1e-12, 1.01, 1.2};
+      const Seconds bound_s = factors[next() % 6] * step_s;
+      const PlanEvaluation answer = remembering.evaluate_below(plans[i], bound_s);
+      ++calls;
+      if (step_s < bound_s) {
+        EXPECT_EQ(answer.step_time_s, step_s) << setup.label << " call " << call;
+        EXPECT_EQ(answer.rank_time_s, exact[i].rank_time_s);
+        EXPECT_EQ(answer.rank_time_before_sync_s, exact[i].rank_time_before_sync_s);
+      } else {
+        EXPECT_GE(answer.step_time_s, bound_s) << setup.label << " call " << call;
+        EXPECT_LE(answer.step_time_s, step_s);
+      }
+    }
+    EXPECT_EQ(remembering.passed() + remembering.remembered(), 200);
+    remembered += remembering.remembered();
+  }
+  std::printf("remembered %lld of %lld calls\n", remembered, calls);
+  EXPECT_GT(remembered * 2, calls);
+}
+
 TEST(BallastPlanner, ValidDeterministicAndNoWorseThanItsPortfolio) {
   const Planner& ballast = find_planner("ballast");
   for (const CostSetup& setup : setups()) {
