@@ -101,6 +101,7 @@ enum class MoveKind {
   grow,            ///< (d) a group over more ranks: the least-loaded of one node
   dissolve,        ///< (d) a group's sequences local on its ranks (or all but its longest)
   level_step,      ///< (f) level by the ranks' whole-step loads, within one micro-batch
+  re_deal,         ///< (4th phase) every local sequence dealt again by the whole-step loads
   count,
 };
 const char* move_name(MoveKind kind);
@@ -118,8 +119,10 @@ struct Move {
 /// rank could still take on before the sync). `whole_step` is the third phase: loads
 /// before the sync, and only the moves that act across micro-batches (level_step, and
 /// splits off the critical path that feed it) or are only tried on the plan the first two
-/// phases left (groups' stages transposed across nodes).
-enum class Loads { with_sync, before_sync, whole_step };
+/// phases left (groups' stages transposed across nodes). `re_deal` is the fourth: loads
+/// before the sync, and only the two re-deals (each local sequence kept in its micro-batch,
+/// or into the one with the most room).
+enum class Loads { with_sync, before_sync, whole_step, re_deal };
 
 /// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
 /// micro-batch (slowest first) around its slowest rank, then (e) between the slowest and
@@ -130,7 +133,8 @@ enum class Loads { with_sync, before_sync, whole_step };
 /// swapping where none has room), (c) for every group over several nodes as USP with its
 /// stages across the nodes and its rings inside them (grow offers that layout too) and,
 /// off the critical path, (d) splits of the groups without a micro-batch's slowest rank.
-/// Deterministic.
+/// With Loads::re_deal only the re-deal, twice: each local sequence kept in its
+/// micro-batch, and free to go to another. Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
 

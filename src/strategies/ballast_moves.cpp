@@ -93,6 +93,31 @@ class EditBuilder {
       for (int& entry : queue) entry -= entry > g ? 1 : 0;
     }
   }
+  /// Erases every group g with erased[g] (one pass over the groups and queues, where
+  /// erase_group() one by one would pass over them once per group).
+  void erase_groups(const std::vector<bool>& erased) {
+    auto& groups = edit_.micro_batch.groups;
+    std::vector<int> index(groups.size(), -1);
+    std::size_t kept = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (erased[g]) continue;
+      index[g] = static_cast<int>(kept);
+      if (kept != g) {
+        groups[kept] = std::move(groups[g]);
+        edit_.origin[kept] = edit_.origin[g];
+      }
+      ++kept;
+    }
+    groups.resize(kept);
+    edit_.origin.resize(kept);
+    for (std::vector<int>& queue : edit_.micro_batch.queues) {
+      std::size_t length = 0;
+      for (const int g : queue) {
+        if (index[static_cast<std::size_t>(g)] >= 0) queue[length++] = index[static_cast<std::size_t>(g)];
+      }
+      queue.resize(length);
+    }
+  }
   /// Appended last in each member's queue: it waits for everything they ran before, so
   /// no queue order can deadlock on it.
   void append_group(AttentionGroup group) {
@@ -128,7 +153,7 @@ class EditBuilder {
   void add_local(int rank, std::int64_t id) {
     auto& groups = edit_.micro_batch.groups;
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      if (groups[g].scheme != Scheme::local || groups[g].ranks != std::vector<int>{rank}) continue;
+      if (groups[g].scheme != Scheme::local || groups[g].ranks.size() != 1 || groups[g].ranks.front() != rank) continue;
       AttentionGroup grown = groups[g];
       grown.sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
       replace_group(static_cast<int>(g), std::move(grown));
@@ -320,7 +345,7 @@ class MoveGenerator {
 
   std::vector<Move> run() {
     const std::vector<int> order = micro_batches_by_time();
-    if (loads_ == Loads::whole_step) return whole_step_moves(order);
+    if (loads_ == Loads::whole_step || loads_ == Loads::re_deal) return whole_step_moves(order);
     for (int m : order) {
       if (full()) break;
       around_slowest_rank(m);
@@ -734,6 +759,11 @@ class MoveGenerator {
   /// slowest rank split in two (two halves that each fit in a node free their members of
   /// cross-node communication, which the next level_step can fill).
   std::vector<Move> whole_step_moves(const std::vector<int>& order) {
+    if (loads_ == Loads::re_deal) {
+      re_deal(true);
+      re_deal(false);
+      return std::move(moves_);
+    }
     for (int m : order) {
       if (full()) break;
       level_step(m, m);
@@ -760,6 +790,91 @@ class MoveGenerator {
       }
     }
     return std::move(moves_);
+  }
+
+  /// Re-deal (the fourth phase): every local sequence of the plan taken out and dealt
+  /// again, longest local time first (local_sequence_time_s; ties: the order they were
+  /// held in), each to the rank with the least whole-step load so far (its micro-batches'
+  /// estimated times summed, less its local sequences, plus what it was dealt; ties: lower
+  /// rank) that has room for it (attention tokens within kDealtCapacityShare of the token
+  /// capacity): `keep_micro_batch`, in the micro-batch the sequence was in; otherwise in
+  /// the micro-batch where that rank has the most room (ties: the earlier). The new local
+  /// groups run last in each rank's queue, so a multi-rank group no longer waits for its
+  /// members' local work. Where level_step shifts a few sequences off the slowest rank,
+  /// this levels every rank at once. None when a sequence finds no room or the deal leaves
+  /// every sequence where it was.
+  void re_deal(bool keep_micro_batch) {
+    if (full()) return;
+    const std::size_t count = plan_.micro_batches.size();
+    const std::size_t ranks = loads(0).size();
+    std::vector<Seconds> load_s(ranks, 0.0);
+    for (const MicroBatchEstimate& estimate : estimate_.micro_batches) {
+      for (std::size_t r = 0; r < ranks; ++r) load_s[r] += estimate.rank_time_s[r];
+    }
+    struct Held {
+      Seconds time_s;
+      Tokens length;
+      std::int64_t id;
+      int micro_batch;
+      int rank;
+    };
+    std::vector<Held> sequences;
+    std::vector<EditBuilder> edits;
+    edits.reserve(count);
+    for (std::size_t m = 0; m < count; ++m) {
+      edits.emplace_back(plan_, static_cast<int>(m));
+      const auto& groups = micro_batch(static_cast<int>(m)).groups;
+      std::vector<bool> local(groups.size(), false);
+      for (std::size_t g = groups.size(); g-- > 0;) {
+        if (groups[g].scheme != Scheme::local) continue;
+        local[g] = true;
+        const int rank = groups[g].ranks.front();
+        for (const SequenceChunks& sequence : groups[g].sequences) {
+          const Tokens length = length_of(plan_, sequence.sequence_id);
+          const Seconds time_s = local_sequence_time_s(cost_, length);
+          sequences.push_back({time_s, length, sequence.sequence_id, static_cast<int>(m), rank});
+          load_s[static_cast<std::size_t>(rank)] -= time_s;
+        }
+      }
+      edits.back().erase_groups(local);
+    }
+    if (sequences.size() < 2) return;
+    std::stable_sort(sequences.begin(), sequences.end(),
+                     [](const Held& a, const Held& b) { return a.time_s > b.time_s; });
+    std::vector<std::vector<Tokens>> held;
+    for (const EditBuilder& edit : edits) held.push_back(attention_tokens_held(edit.micro_batch(), ranks));
+    const Tokens capacity = dealt_capacity_tokens();
+    // Per rank, the micro-batch where it holds the least (ties: the earlier): where it has
+    // the most room.
+    std::vector<std::size_t> roomiest(ranks, 0);
+    const auto update_roomiest = [&](std::size_t r) {
+      for (std::size_t m = 1; m < count; ++m) {
+        if (held[m][r] < held[roomiest[r]][r]) roomiest[r] = m;
+      }
+    };
+    for (std::size_t r = 0; r < ranks; ++r) update_roomiest(r);
+    bool changed = false;
+    for (const Held& sequence : sequences) {
+      const auto kept = static_cast<std::size_t>(sequence.micro_batch);
+      std::size_t best_rank = ranks;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        if (best_rank < ranks && load_s[r] >= load_s[best_rank]) continue;
+        if (held[keep_micro_batch ? kept : roomiest[r]][r] + sequence.length > capacity) continue;
+        best_rank = r;
+      }
+      if (best_rank == ranks) return;
+      const std::size_t m = keep_micro_batch ? kept : roomiest[best_rank];
+      edits[m].add_local(static_cast<int>(best_rank), sequence.id);
+      load_s[best_rank] += sequence.time_s;
+      held[m][best_rank] += sequence.length;
+      roomiest[best_rank] = 0;
+      update_roomiest(best_rank);
+      changed = changed || static_cast<int>(best_rank) != sequence.rank || m != kept;
+    }
+    if (!changed) return;
+    Move move{MoveKind::re_deal, {}};
+    for (EditBuilder& edit : edits) move.edits.push_back(edit.finish());
+    moves_.push_back(std::move(move));
   }
 
   /// Level by the step: like level(), local sequences of micro-batch m from the rank
@@ -1132,6 +1247,8 @@ const char* move_name(MoveKind kind) {
       return "dissolve";
     case MoveKind::level_step:
       return "level-step";
+    case MoveKind::re_deal:
+      return "re-deal";
     case MoveKind::count:
       break;
   }

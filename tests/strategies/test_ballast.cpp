@@ -409,14 +409,9 @@ TEST(BallastMoves, LevelLowersAStepManyRanksSet) {
   EXPECT_LT(leveled_s, 0.97 * step_s);
 }
 
-// Level-step: micro-batch 1's 8-GPU ring of a long document sets the step; micro-batch 0
-// holds four local documents on every rank. By each micro-batch's loads alone nothing is
-// out of balance in micro-batch 0 and the ring cannot shrink, but micro-batches are no
-// barriers: the ring's members can hand their micro-batch-0 documents to the other node,
-// idle in micro-batch 1. Only the third phase (whole_step) generates the move.
-TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
-  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
-  const SimulatorEvaluator evaluator(cost);
+/// On h100 2 x 8: micro-batch 0 holds four local documents of 2,000 tokens (ids 0-63) on
+/// every rank, micro-batch 1 an 8-GPU ring (ranks 0-7) of a 48,000-token document (id 64).
+Plan shorts_then_ring(const CostModel& cost) {
   std::vector<Tokens> lengths(64, 2000);
   lengths.push_back(48'000);
   Plan plan = make_plan_skeleton(make_batch(lengths), cost, "ballast");
@@ -425,6 +420,18 @@ TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
     first.groups.push_back(local_documents(rank, {4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3}, 2000));
   }
   plan.micro_batches.emplace_back().groups.push_back(document_ring(64, 48'000, consecutive_ranks(0, 8)));
+  return plan;
+}
+
+// Level-step: micro-batch 1's 8-GPU ring of a long document sets the step; micro-batch 0
+// holds four local documents on every rank. By each micro-batch's loads alone nothing is
+// out of balance in micro-batch 0 and the ring cannot shrink, but micro-batches are no
+// barriers: the ring's members can hand their micro-batch-0 documents to the other node,
+// idle in micro-batch 1. Only the third phase (whole_step) generates the move.
+TEST(BallastMoves, LevelStepMovesWorkOffTheMembersOfAnotherMicroBatchsGroup) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  const Plan plan = shorts_then_ring(cost);
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
   const Seconds step_s = simulate(plan, cost).step_time_s;
   for (Loads loads : {Loads::with_sync, Loads::before_sync}) {
@@ -785,6 +792,55 @@ TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
 
 // ballast's plan: valid, byte-identical when planned again, never slower than any member
 // of its portfolio (the simulator's step), and budget=0 is the portfolio's best.
+// Re-deal: the level-step test's plan (micro-batch 1's 8-GPU ring of a long document sets
+// the step; micro-batch 0 holds four local documents on every rank). Only the fourth phase
+// (Loads::re_deal) generates the two re-deals, and each deals every local document once:
+// kept in its micro-batch, the ring's members hand theirs to the other node; free, they go
+// where each rank has the most room. The ring is untouched and the step shorter.
+TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  const Plan plan = shorts_then_ring(cost);
+  const AttentionGroup ring = plan.micro_batches[1].groups.front();
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  for (Loads loads : {Loads::with_sync, Loads::before_sync, Loads::whole_step}) {
+    EXPECT_EQ(find_move(moves_of(plan, cost, evaluator, loads), MoveKind::re_deal), nullptr);
+  }
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::re_deal);
+  ASSERT_EQ(moves.size(), 2u);
+  for (std::size_t k = 0; k < moves.size(); ++k) {
+    const Move& move = moves[k];
+    const bool kept = k == 0;
+    EXPECT_EQ(move.kind, MoveKind::re_deal);
+    ASSERT_EQ(move.edits.size(), 2u);
+    EXPECT_EQ(move.edits[0].index, 0);
+    EXPECT_EQ(move.edits[1].index, 1);
+    const Plan dealt = apply_move(plan, move);
+    ASSERT_TRUE(validate(dealt, cost).ok) << validate(dealt, cost).message;  // each document once
+    ASSERT_EQ(dealt.micro_batches.size(), 2u);
+    EXPECT_EQ(std::count(dealt.micro_batches[1].groups.begin(), dealt.micro_batches[1].groups.end(), ring), 1);
+    std::vector<int> documents(16, 0);
+    int in_first = 0;
+    for (std::size_t m = 0; m < 2; ++m) {
+      for (const AttentionGroup& group : dealt.micro_batches[m].groups) {
+        if (group.scheme != Scheme::local) continue;
+        documents[static_cast<std::size_t>(group.ranks.front())] += static_cast<int>(group.sequences.size());
+        in_first += m == 0 ? static_cast<int>(group.sequences.size()) : 0;
+      }
+    }
+    if (kept) EXPECT_EQ(in_first, 64);
+    // The ring's members (0-7) keep fewer documents than the other node's ranks.
+    const int members = std::accumulate(documents.begin(), documents.begin() + 8, 0);
+    EXPECT_EQ(members + std::accumulate(documents.begin() + 8, documents.end(), 0), 64);
+    EXPECT_LT(members, 32) << (kept ? "kept" : "free");
+    const Seconds dealt_s = simulate(dealt, cost).step_time_s;
+    std::printf("re-deal (%s): %.4f s -> %.4f s, %d documents on the ring's members\n",
+                kept ? "kept" : "free", step_s, dealt_s, members);
+    EXPECT_LT(dealt_s, 0.97 * step_s);
+  }
+}
+
 // The digest tells plans apart by any field of their micro-batches, and a copy from
 // another.
 TEST(BallastSearch, DigestChangesWithEveryField) {
