@@ -316,9 +316,10 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
   PlanEstimate raw = estimate_plan(plan, cost, evaluator);
   RankOffsets offsets = rank_offsets(raw, rank_times(evaluation, loads));
   PlanEstimate estimate = anchored(raw, offsets);
+  // A move may append a micro-batch (index == the plan's count): no offsets, no estimate.
   const auto offsets_of = [&](int m) -> const std::vector<Seconds>& {
     static const std::vector<Seconds> kNone;
-    return offsets.empty() ? kNone : offsets[static_cast<std::size_t>(m)];
+    return static_cast<std::size_t>(m) >= offsets.size() ? kNone : offsets[static_cast<std::size_t>(m)];
   };
   while (simulations_left > 0 && screens_left > 0) {
     std::vector<Move> moves = generate_moves(
@@ -333,10 +334,12 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
     for (std::size_t i = 0; i < moves.size(); ++i) {
       for (const MicroBatchEdit& edit : moves[i].edits) {
         const auto m = static_cast<std::size_t>(edit.index);
-        priced[i].push_back(estimate_micro_batch(edit.micro_batch, cost, evaluator, &raw.micro_batches[m], edit.origin));
+        const bool appended = m >= raw.micro_batches.size();
+        priced[i].push_back(estimate_micro_batch(edit.micro_batch, cost, evaluator,
+                                                 appended ? nullptr : &raw.micro_batches[m], edit.origin));
         const MicroBatchEstimate candidate = anchored(priced[i].back(), offsets_of(edit.index));
-        step_s[i] += candidate.time_s - estimate.micro_batches[m].time_s;
-        freed_s[i] += rank_time_sum_s(estimate.micro_batches[m]) - rank_time_sum_s(candidate);
+        step_s[i] += candidate.time_s - (appended ? 0.0 : estimate.micro_batches[m].time_s);
+        freed_s[i] += (appended ? 0.0 : rank_time_sum_s(estimate.micro_batches[m])) - rank_time_sum_s(candidate);
       }
       if (!moves[i].off_critical_path && !whole_step_kind(moves[i].kind)) by_step.push_back(i);
     }
@@ -373,11 +376,12 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
         --tries;
         PlanEvaluation candidate_evaluation = evaluator.evaluate_below(candidate, bound_s);
         if (candidate_evaluation.step_time_s >= bound_s || !accept(candidate_evaluation)) continue;
-        for (std::size_t e = 0; e < moves[i].edits.size(); ++e) {
-          raw.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
-        }
         if (candidate.micro_batches.size() != plan.micro_batches.size()) {
-          raw = estimate_plan(candidate, cost, evaluator);  // a micro-batch was emptied
+          raw = estimate_plan(candidate, cost, evaluator);  // a micro-batch emptied or appended
+        } else {
+          for (std::size_t e = 0; e < moves[i].edits.size(); ++e) {
+            raw.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
+          }
         }
         plan = std::move(candidate);
         evaluation = std::move(candidate_evaluation);

@@ -120,8 +120,8 @@ struct Move {
 /// before the sync, and only the moves that act across micro-batches (level_step, and
 /// splits off the critical path that feed it) or are only tried on the plan the first two
 /// phases left (groups' stages transposed across nodes). `re_deal` is the fourth: loads
-/// before the sync, and only the two re-deals (each local sequence kept in its micro-batch,
-/// or into the one with the most room).
+/// before the sync, and only the three re-deals (each local sequence kept in its
+/// micro-batch, into the one with the most room, or so with a new micro-batch appended).
 enum class Loads { with_sync, before_sync, whole_step, re_deal };
 
 /// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
@@ -133,8 +133,9 @@ enum class Loads { with_sync, before_sync, whole_step, re_deal };
 /// swapping where none has room), (c) for every group over several nodes as USP with its
 /// stages across the nodes and its rings inside them (grow offers that layout too) and,
 /// off the critical path, (d) splits of the groups without a micro-batch's slowest rank.
-/// With Loads::re_deal only the re-deal, twice: each local sequence kept in its
-/// micro-batch, and free to go to another. Deterministic.
+/// With Loads::re_deal only the re-deal, three times: each local sequence kept in its
+/// micro-batch, free to go to another, and free with an empty micro-batch appended (the
+/// move's last edit has the plan's micro-batch count as its index). Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
 
@@ -145,7 +146,8 @@ std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
 std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>& ids, const Plan& plan,
                                                 const CostModel& cost);
 
-/// `plan` with the move's micro-batches replaced.
+/// `plan` with the move's micro-batches replaced (an edit whose index is the plan's
+/// micro-batch count appends one) and those it emptied dropped.
 Plan apply_move(const Plan& plan, const Move& move);
 
 /// 128 bits digesting every field of a plan's micro-batches (two independent 64-bit mixes):

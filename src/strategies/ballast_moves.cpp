@@ -81,6 +81,18 @@ class EditBuilder {
     edit_.micro_batch = plan.micro_batches[static_cast<std::size_t>(index)];
     edit_.origin.resize(edit_.micro_batch.groups.size());
     std::iota(edit_.origin.begin(), edit_.origin.end(), 0);
+    remapped_ = !edit_.micro_batch.linear_layout.empty();
+  }
+  /// A new, empty micro-batch appended after the plan's (index: their count), remapped
+  /// like the plan's first one.
+  static EditBuilder appended(const Plan& plan) {
+    EditBuilder edit(plan);
+    edit.edit_.index = static_cast<int>(plan.micro_batches.size());
+    edit.remapped_ = !plan.micro_batches.empty() && !plan.micro_batches.front().linear_layout.empty();
+    if (!plan.micro_batches.empty() && !plan.micro_batches.front().queues.empty()) {
+      edit.edit_.micro_batch.queues.resize(plan.micro_batches.front().queues.size());
+    }
+    return edit;
   }
   const MicroBatch& micro_batch() const { return edit_.micro_batch; }
 
@@ -165,7 +177,7 @@ class EditBuilder {
   /// balanced_linear_layout, which needs unpadded chunks; dropped when some are padded).
   MicroBatchEdit finish() {
     MicroBatch& micro_batch = edit_.micro_batch;
-    if (!micro_batch.linear_layout.empty()) {
+    if (remapped_) {
       bool padded = false;
       for (const AttentionGroup& group : micro_batch.groups) {
         for (const SequenceChunks& sequence : group.sequences) {
@@ -179,8 +191,10 @@ class EditBuilder {
   }
 
  private:
+  explicit EditBuilder(const Plan& plan) : plan_(plan) {}
   const Plan& plan_;
   MicroBatchEdit edit_;
+  bool remapped_ = false;  ///< the micro-batch has a linear layout (rebuilt by finish())
 };
 
 /// The index of `rank`'s local group in `micro_batch` (-1: none).
@@ -761,7 +775,8 @@ class MoveGenerator {
   std::vector<Move> whole_step_moves(const std::vector<int>& order) {
     if (loads_ == Loads::re_deal) {
       re_deal(true);
-      re_deal(false);
+      // A new micro-batch only where memory kept the free deal off a less-loaded rank.
+      if (re_deal(false)) re_deal(false, true);
       return std::move(moves_);
     }
     for (int m : order) {
@@ -801,11 +816,16 @@ class MoveGenerator {
   /// the micro-batch where that rank has the most room (ties: the earlier). The new local
   /// groups run last in each rank's queue, so a multi-rank group no longer waits for its
   /// members' local work. Where level_step shifts a few sequences off the slowest rank,
-  /// this levels every rank at once. None when a sequence finds no room or the deal leaves
-  /// every sequence where it was.
-  void re_deal(bool keep_micro_batch) {
-    if (full()) return;
-    const std::size_t count = plan_.micro_batches.size();
+  /// this levels every rank at once. `append` (with !keep_micro_batch): an empty
+  /// micro-batch is added after the plan's last, so ranks whose micro-batches are all
+  /// full get room (the search's one move that adds a micro-batch). None when a sequence
+  /// finds no room or the deal leaves every sequence where it was. Returns whether memory
+  /// constrained the deal: a sequence found no room, or went to a rank more loaded than
+  /// the least-loaded one, which had none.
+  bool re_deal(bool keep_micro_batch, bool append = false) {
+    if (full()) return false;
+    const std::size_t existing = plan_.micro_batches.size();
+    const std::size_t count = existing + (append ? 1 : 0);
     const std::size_t ranks = loads(0).size();
     std::vector<Seconds> load_s(ranks, 0.0);
     for (const MicroBatchEstimate& estimate : estimate_.micro_batches) {
@@ -821,7 +841,7 @@ class MoveGenerator {
     std::vector<Held> sequences;
     std::vector<EditBuilder> edits;
     edits.reserve(count);
-    for (std::size_t m = 0; m < count; ++m) {
+    for (std::size_t m = 0; m < existing; ++m) {
       edits.emplace_back(plan_, static_cast<int>(m));
       const auto& groups = micro_batch(static_cast<int>(m)).groups;
       std::vector<bool> local(groups.size(), false);
@@ -838,7 +858,8 @@ class MoveGenerator {
       }
       edits.back().erase_groups(local);
     }
-    if (sequences.size() < 2) return;
+    if (append) edits.push_back(EditBuilder::appended(plan_));
+    if (sequences.size() < 2) return false;
     std::stable_sort(sequences.begin(), sequences.end(),
                      [](const Held& a, const Held& b) { return a.time_s > b.time_s; });
     std::vector<std::vector<Tokens>> held;
@@ -853,16 +874,19 @@ class MoveGenerator {
       }
     };
     for (std::size_t r = 0; r < ranks; ++r) update_roomiest(r);
-    bool changed = false;
+    bool changed = false, constrained = false;
     for (const Held& sequence : sequences) {
       const auto kept = static_cast<std::size_t>(sequence.micro_batch);
       std::size_t best_rank = ranks;
+      Seconds least_s = kInfinity;  // the least load, room or not
       for (std::size_t r = 0; r < ranks; ++r) {
+        least_s = std::min(least_s, load_s[r]);
         if (best_rank < ranks && load_s[r] >= load_s[best_rank]) continue;
         if (held[keep_micro_batch ? kept : roomiest[r]][r] + sequence.length > capacity) continue;
         best_rank = r;
       }
-      if (best_rank == ranks) return;
+      if (best_rank == ranks) return true;
+      constrained = constrained || load_s[best_rank] > least_s;
       const std::size_t m = keep_micro_batch ? kept : roomiest[best_rank];
       edits[m].add_local(static_cast<int>(best_rank), sequence.id);
       load_s[best_rank] += sequence.time_s;
@@ -871,10 +895,12 @@ class MoveGenerator {
       update_roomiest(best_rank);
       changed = changed || static_cast<int>(best_rank) != sequence.rank || m != kept;
     }
-    if (!changed) return;
-    Move move{MoveKind::re_deal, {}};
-    for (EditBuilder& edit : edits) move.edits.push_back(edit.finish());
-    moves_.push_back(std::move(move));
+    if (changed) {
+      Move move{MoveKind::re_deal, {}};
+      for (EditBuilder& edit : edits) move.edits.push_back(edit.finish());
+      moves_.push_back(std::move(move));
+    }
+    return constrained;
   }
 
   /// Level by the step: like level(), local sequences of micro-batch m from the rank
@@ -1263,7 +1289,11 @@ std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
 Plan apply_move(const Plan& plan, const Move& move) {
   Plan moved = plan;
   for (const MicroBatchEdit& edit : move.edits) {
-    moved.micro_batches[static_cast<std::size_t>(edit.index)] = edit.micro_batch;
+    if (static_cast<std::size_t>(edit.index) == moved.micro_batches.size()) {
+      moved.micro_batches.push_back(edit.micro_batch);  // appended (the last edit)
+    } else {
+      moved.micro_batches[static_cast<std::size_t>(edit.index)] = edit.micro_batch;
+    }
   }
   // A micro-batch the move emptied runs nothing: drop it (highest index first).
   for (auto it = move.edits.rbegin(); it != move.edits.rend(); ++it) {

@@ -794,8 +794,8 @@ TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
 // of its portfolio (the simulator's step), and budget=0 is the portfolio's best.
 // Re-deal: the level-step test's plan (micro-batch 1's 8-GPU ring of a long document sets
 // the step; micro-batch 0 holds four local documents on every rank). Only the fourth phase
-// (Loads::re_deal) generates the two re-deals, and each deals every local document once:
-// kept in its micro-batch, the ring's members hand theirs to the other node; free, they go
+// (Loads::re_deal) generates the re-deals, and each deals every local document once: kept
+// in its micro-batch, the ring's members hand theirs to the other node; free, they go
 // where each rank has the most room. The ring is untouched and the step shorter.
 TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
   const CostModel& cost = *setups().front().cost;  // h100 2 x 8
@@ -808,6 +808,7 @@ TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
     EXPECT_EQ(find_move(moves_of(plan, cost, evaluator, loads), MoveKind::re_deal), nullptr);
   }
   const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::re_deal);
+  // Two: memory kept no document off a less-loaded rank, so no new micro-batch is tried.
   ASSERT_EQ(moves.size(), 2u);
   for (std::size_t k = 0; k < moves.size(); ++k) {
     const Move& move = moves[k];
@@ -839,6 +840,50 @@ TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
                 kept ? "kept" : "free", step_s, dealt_s, members);
     EXPECT_LT(dealt_s, 0.97 * step_s);
   }
+}
+
+// Re-deal into a new micro-batch: where every rank's micro-batches are full, no re-deal
+// within them can take work off a long document's ring members; a third micro-batch gives
+// the other ranks room (tried only because memory kept the free deal off them). Micro-batch 0: an 8-GPU ring (ranks 0-7) filled to 90% and three
+// 30% documents on each of ranks 8-15; micro-batch 1: three on every rank.
+TEST(BallastMoves, ReDealIntoANewMicroBatchWhereEveryRankIsFull) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  RingAndShorts made = ring_and_shorts(cost, 72);
+  Plan& plan = made.plan;
+  std::int64_t next = 1;
+  const auto three = [&]() {
+    next += 3;
+    return std::vector<std::int64_t>{next - 3, next - 2, next - 1};
+  };
+  MicroBatch& first = plan.micro_batches.emplace_back();
+  first.groups.push_back(document_ring(0, made.long_tokens, consecutive_ranks(0, 8)));
+  for (int rank = 8; rank < 16; ++rank) first.groups.push_back(local_documents(rank, three(), made.short_tokens));
+  MicroBatch& second = plan.micro_batches.emplace_back();
+  for (int rank = 0; rank < 16; ++rank) second.groups.push_back(local_documents(rank, three(), made.short_tokens));
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::re_deal);
+  const auto appended = std::find_if(moves.begin(), moves.end(), [](const Move& move) { return move.edits.size() == 3; });
+  ASSERT_NE(appended, moves.end());
+  const Plan dealt = apply_move(plan, *appended);
+  ASSERT_TRUE(validate(dealt, cost).ok) << validate(dealt, cost).message;
+  ASSERT_EQ(dealt.micro_batches.size(), 3u);
+  int members = 0;  // documents left on the ring's members
+  for (const MicroBatch& micro_batch : dealt.micro_batches) {
+    for (const AttentionGroup& group : micro_batch.groups) {
+      if (group.scheme == Scheme::local && group.ranks.front() < 8) members += static_cast<int>(group.sequences.size());
+    }
+  }
+  EXPECT_LT(members, 24);
+  Seconds best_within_s = step_s;  // the re-deals that keep two micro-batches
+  for (const Move& move : moves) {
+    if (&move != &*appended) best_within_s = std::min(best_within_s, simulate(apply_move(plan, move), cost).step_time_s);
+  }
+  const Seconds dealt_s = simulate(dealt, cost).step_time_s;
+  std::printf("re-deal into a new micro-batch: %.4f s -> %.4f s (within two: %.4f s), %d documents on the ring's members\n",
+              step_s, dealt_s, best_within_s, members);
+  EXPECT_LT(dealt_s, 0.97 * best_within_s);
 }
 
 // The digest tells plans apart by any field of their micro-batches, and a copy from
