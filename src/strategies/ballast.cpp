@@ -350,17 +350,17 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
     // freeing rank time; the most freed first.
     // Whole-step moves (whole_step_kind) trade work between micro-batches, which the
     // estimated step cannot see: first among the sideways ones, in generation order.
-    std::vector<std::size_t> sideways, level_steps;
+    std::vector<std::size_t> sideways, whole_steps;
     for (std::size_t i = 0; i < moves.size(); ++i) {
       if (whole_step_kind(moves[i].kind)) {
-        level_steps.push_back(i);
+        whole_steps.push_back(i);
       } else if (freed_s[i] > 0 && step_s[i] <= (1 + kEstimateResolution) * current_s) {
         sideways.push_back(i);
       }
     }
     std::stable_sort(sideways.begin(), sideways.end(),
                      [&](std::size_t a, std::size_t b) { return freed_s[a] > freed_s[b]; });
-    sideways.insert(sideways.begin(), level_steps.begin(), level_steps.end());
+    sideways.insert(sideways.begin(), whole_steps.begin(), whole_steps.end());
     std::vector<bool> tried(moves.size(), false);
     // Simulates up to `tries` of `order` not tried yet, each only until its step reaches
     // `bound_s` (no candidate that does is accepted); accepts the first that `accept`s.

@@ -72,6 +72,15 @@ bool holds_rank(const AttentionGroup& group, int rank) {
   return std::find(group.ranks.begin(), group.ranks.end(), rank) != group.ranks.end();
 }
 
+/// The index of `rank`'s local group in `micro_batch` (-1: none).
+int local_group_of(const MicroBatch& micro_batch, int rank) {
+  const auto& groups = micro_batch.groups;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].scheme == Scheme::local && groups[g].ranks.front() == rank) return static_cast<int>(g);
+  }
+  return -1;
+}
+
 /// One micro-batch being rewritten: groups erased, replaced or appended, with `origin`
 /// tracking which groups are unchanged and queues kept listing each rank's groups.
 class EditBuilder {
@@ -97,15 +106,11 @@ class EditBuilder {
   const MicroBatch& micro_batch() const { return edit_.micro_batch; }
 
   void erase_group(int g) {
-    auto& groups = edit_.micro_batch.groups;
-    groups.erase(groups.begin() + g);
-    edit_.origin.erase(edit_.origin.begin() + g);
-    for (std::vector<int>& queue : edit_.micro_batch.queues) {
-      queue.erase(std::remove(queue.begin(), queue.end(), g), queue.end());
-      for (int& entry : queue) entry -= entry > g ? 1 : 0;
-    }
+    std::vector<bool> erased(edit_.micro_batch.groups.size(), false);
+    erased[static_cast<std::size_t>(g)] = true;
+    erase_groups(erased);
   }
-  /// Erases every group g with erased[g] (one pass over the groups and queues, where
+  /// Erases every group g with erased[g] in one pass over the groups and queues (where
   /// erase_group() one by one would pass over them once per group).
   void erase_groups(const std::vector<bool>& erased) {
     auto& groups = edit_.micro_batch.groups;
@@ -163,15 +168,14 @@ class EditBuilder {
   }
   /// The sequence whole on `rank`: into the rank's local group, or a new one.
   void add_local(int rank, std::int64_t id) {
-    auto& groups = edit_.micro_batch.groups;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      if (groups[g].scheme != Scheme::local || groups[g].ranks.size() != 1 || groups[g].ranks.front() != rank) continue;
-      AttentionGroup grown = groups[g];
-      grown.sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
-      replace_group(static_cast<int>(g), std::move(grown));
+    const int g = local_group_of(edit_.micro_batch, rank);
+    if (g < 0) {
+      append_group(build_group(Scheme::local, {rank}, {id}, plan_));
       return;
     }
-    append_group(build_group(Scheme::local, {rank}, {id}, plan_));
+    AttentionGroup grown = edit_.micro_batch.groups[static_cast<std::size_t>(g)];
+    grown.sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
+    replace_group(g, std::move(grown));
   }
   /// The edit, with a remap's linear layout rebuilt for the new chunks (zeppelin's
   /// balanced_linear_layout, which needs unpadded chunks; dropped when some are padded).
@@ -196,15 +200,6 @@ class EditBuilder {
   MicroBatchEdit edit_;
   bool remapped_ = false;  ///< the micro-batch has a linear layout (rebuilt by finish())
 };
-
-/// The index of `rank`'s local group in `micro_batch` (-1: none).
-int local_group_of(const MicroBatch& micro_batch, int rank) {
-  const auto& groups = micro_batch.groups;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].scheme == Scheme::local && groups[g].ranks.front() == rank) return static_cast<int>(g);
-  }
-  return -1;
-}
 
 /// Attention tokens each of `ranks` holds in `micro_batch` (what its memory must fit).
 std::vector<Tokens> attention_tokens_held(const MicroBatch& micro_batch, std::size_t ranks) {
@@ -359,7 +354,13 @@ class MoveGenerator {
 
   std::vector<Move> run() {
     const std::vector<int> order = micro_batches_by_time();
-    if (loads_ == Loads::whole_step || loads_ == Loads::re_deal) return whole_step_moves(order);
+    if (loads_ == Loads::re_deal) {
+      re_deal(true);
+      // A new micro-batch only where memory kept the free deal off a less-loaded rank.
+      if (re_deal(false)) re_deal(false, true);
+      return std::move(moves_);
+    }
+    if (loads_ == Loads::whole_step) return whole_step_moves(order);
     for (int m : order) {
       if (full()) break;
       around_slowest_rank(m);
@@ -630,12 +631,14 @@ class MoveGenerator {
   /// Removes the local groups of `ranks` from the edit; returns their sequences' ids.
   static std::vector<std::int64_t> take_local_sequences(EditBuilder& edit, const std::vector<int>& ranks) {
     std::vector<std::int64_t> ids;
-    for (int g = static_cast<int>(edit.micro_batch().groups.size()); g-- > 0;) {
-      const AttentionGroup& group = edit.micro_batch().groups[static_cast<std::size_t>(g)];
-      if (group.scheme != Scheme::local || !std::binary_search(ranks.begin(), ranks.end(), group.ranks.front())) continue;
-      for (const SequenceChunks& sequence : group.sequences) ids.push_back(sequence.sequence_id);
-      edit.erase_group(g);
+    const auto& groups = edit.micro_batch().groups;
+    std::vector<bool> taken(groups.size(), false);
+    for (std::size_t g = groups.size(); g-- > 0;) {
+      if (groups[g].scheme != Scheme::local || !std::binary_search(ranks.begin(), ranks.end(), groups[g].ranks.front())) continue;
+      for (const SequenceChunks& sequence : groups[g].sequences) ids.push_back(sequence.sequence_id);
+      taken[g] = true;
     }
+    edit.erase_groups(taken);
     return ids;
   }
 
@@ -773,12 +776,6 @@ class MoveGenerator {
   /// slowest rank split in two (two halves that each fit in a node free their members of
   /// cross-node communication, which the next level_step can fill).
   std::vector<Move> whole_step_moves(const std::vector<int>& order) {
-    if (loads_ == Loads::re_deal) {
-      re_deal(true);
-      // A new micro-batch only where memory kept the free deal off a less-loaded rank.
-      if (re_deal(false)) re_deal(false, true);
-      return std::move(moves_);
-    }
     for (int m : order) {
       if (full()) break;
       level_step(m, m);
@@ -1302,91 +1299,6 @@ Plan apply_move(const Plan& plan, const Move& move) {
     }
   }
   return moved;
-}
-
-namespace {
-
-/// Two 64-bit mixes of a stream of integers: FNV-1a over each value's 8 bytes, and a
-/// multiply-xorshift (splitmix64's finalizer) of the running sum.
-class Digester {
- public:
-  void add(std::int64_t value) {
-    auto bits = static_cast<std::uint64_t>(value);
-    for (int byte = 0; byte < 8; ++byte) {
-      first_ = (first_ ^ ((bits >> (8 * byte)) & 0xffU)) * 0x100000001b3ULL;
-    }
-    std::uint64_t mixed = second_ + bits + 0x9e3779b97f4a7c15ULL;
-    mixed = (mixed ^ (mixed >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    mixed = (mixed ^ (mixed >> 27)) * 0x94d049bb133111ebULL;
-    second_ = mixed ^ (mixed >> 31);
-  }
-  PlanDigest digest() const { return {first_, second_}; }
-
- private:
-  std::uint64_t first_ = 0xcbf29ce484222325ULL;
-  std::uint64_t second_ = 0;
-};
-
-}  // namespace
-
-PlanDigest digest_of(const std::vector<MicroBatch>& micro_batches) {
-  Digester digester;
-  // Each list's length first, so no two different plans give the same stream.
-  digester.add(static_cast<std::int64_t>(micro_batches.size()));
-  for (const MicroBatch& micro_batch : micro_batches) {
-    digester.add(static_cast<std::int64_t>(micro_batch.groups.size()));
-    for (const AttentionGroup& group : micro_batch.groups) {
-      digester.add(static_cast<std::int64_t>(group.scheme));
-      digester.add(group.routing_proxies);
-      digester.add(group.routing_chunks);
-      digester.add(group.ulysses_degree);
-      digester.add(static_cast<std::int64_t>(group.ranks.size()));
-      for (int rank : group.ranks) digester.add(rank);
-      digester.add(static_cast<std::int64_t>(group.sequences.size()));
-      for (const SequenceChunks& sequence : group.sequences) {
-        digester.add(sequence.sequence_id);
-        digester.add(sequence.padded_length_tokens);
-        digester.add(static_cast<std::int64_t>(sequence.chunks.size()));
-        for (const Chunk& chunk : sequence.chunks) {
-          digester.add(chunk.rank);
-          digester.add(chunk.begin_tokens);
-          digester.add(chunk.end_tokens);
-        }
-      }
-    }
-    digester.add(static_cast<std::int64_t>(micro_batch.queues.size()));
-    for (const std::vector<int>& queue : micro_batch.queues) {
-      digester.add(static_cast<std::int64_t>(queue.size()));
-      for (int group : queue) digester.add(group);
-    }
-    digester.add(static_cast<std::int64_t>(micro_batch.linear_layout.size()));
-    for (const LinearSlice& slice : micro_batch.linear_layout) {
-      digester.add(slice.rank);
-      digester.add(slice.sequence_id);
-      digester.add(slice.begin_tokens);
-      digester.add(slice.end_tokens);
-    }
-  }
-  return digester.digest();
-}
-
-PlanEvaluation RememberingEvaluator::evaluate_below(const Plan& plan, Seconds bound_s) const {
-  const PlanDigest digest = digest_of(plan.micro_batches);
-  const auto known = std::find_if(entries_.begin(), entries_.end(),
-                                  [&](const Entry& entry) { return entry.digest == digest; });
-  if (known != entries_.end() &&
-      (known->evaluation.step_time_s < known->bound_s || known->evaluation.step_time_s >= bound_s)) {
-    ++remembered_;
-    return known->evaluation;
-  }
-  ++passed_;
-  PlanEvaluation evaluation = inner_.evaluate_below(plan, bound_s);
-  if (known != entries_.end()) {
-    *known = {digest, bound_s, evaluation};  // simulated under a higher bound than before
-  } else {
-    entries_.push_back({digest, bound_s, evaluation});
-  }
-  return evaluation;
 }
 
 std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>& ids, const Plan& plan,

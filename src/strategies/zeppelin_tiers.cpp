@@ -73,8 +73,8 @@ Seconds both_passes_floor_s(const PlanEvaluator& evaluator, Bytes bytes, int src
 /// task times as the simulation in another order, so they may differ from it by rounding.
 constexpr double kBoundSlack = 1e-9;
 
-Routing choose_pruned(const std::vector<Routing>& choices, const PlanEvaluator& evaluator,
-                            Bytes bytes, int src, int dst) {
+Routing choose_pruned(const std::vector<Routing>& choices, const PlanEvaluator& evaluator, Bytes bytes,
+                      int src, int dst) {
   // Priced most proxies first (the lowest floors), fewer chunks first within; a choice
   // whose floor is above the best found cannot be the minimum and stays unpriced.
   std::vector<std::size_t> order(choices.size());
