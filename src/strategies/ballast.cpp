@@ -259,7 +259,9 @@ Seconds rank_time_sum_s(const MicroBatchEstimate& estimate) {
 
 /// Moves that trade work between micro-batches (level_step, re_deal), which the estimated
 /// step (the micro-batches' slowest ranks summed) cannot see.
-bool whole_step_kind(MoveKind kind) { return kind == MoveKind::level_step || kind == MoveKind::re_deal; }
+bool whole_step_kind(MoveKind kind) {
+  return kind == MoveKind::level_step || kind == MoveKind::re_deal || kind == MoveKind::fill_last;
+}
 
 /// Sideways candidates a round simulates after kSimulationsPerRound found nothing faster.
 constexpr long long kSidewaysPerRound = 4;

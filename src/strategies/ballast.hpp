@@ -102,6 +102,7 @@ enum class MoveKind {
   dissolve,        ///< (d) a group's sequences local on its ranks (or all but its longest)
   level_step,      ///< (f) level by the ranks' whole-step loads, within one micro-batch
   re_deal,         ///< (4th phase) every local sequence dealt again by the whole-step loads
+  fill_last,       ///< (4th phase) each rank's local sequences into the last micro-batch first
   count,
 };
 const char* move_name(MoveKind kind);
@@ -121,7 +122,8 @@ struct Move {
 /// splits off the critical path that feed it) or are only tried on the plan the first two
 /// phases left (groups' stages transposed across nodes). `re_deal` is the fourth: loads
 /// before the sync, and only the three re-deals (each local sequence kept in its
-/// micro-batch, into the one with the most room, or so with a new micro-batch appended).
+/// micro-batch, into the one with the most room, or so with a new micro-batch appended)
+/// and fill-last (each rank's local sequences into the last micro-batch first).
 enum class Loads { with_sync, before_sync, whole_step, re_deal };
 
 /// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
@@ -135,7 +137,8 @@ enum class Loads { with_sync, before_sync, whole_step, re_deal };
 /// off the critical path, (d) splits of the groups without a micro-batch's slowest rank.
 /// With Loads::re_deal only the re-deal, three times: each local sequence kept in its
 /// micro-batch, free to go to another, and free with an empty micro-batch appended (the
-/// move's last edit has the plan's micro-batch count as its index). Deterministic.
+/// move's last edit has the plan's micro-batch count as its index), then fill-last
+/// (MoveKind::fill_last). Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
 

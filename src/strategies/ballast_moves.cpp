@@ -358,6 +358,7 @@ class MoveGenerator {
       re_deal(true);
       // A new micro-batch only where memory kept the free deal off a less-loaded rank.
       if (re_deal(false)) re_deal(false, true);
+      fill_last();
       return std::move(moves_);
     }
     if (loads_ == Loads::whole_step) return whole_step_moves(order);
@@ -900,6 +901,76 @@ class MoveGenerator {
     return constrained;
   }
 
+  /// Fill the last micro-batch: every rank keeps its local sequences (so its work over
+  /// the step), dealt longest first into the plan's last micro-batch while it has room
+  /// (attention tokens within kDealtCapacityShare of the capacity; of equal lengths, those
+  /// already there first), the others back into their own micro-batch or, where that has
+  /// no room, the earlier one with the most.
+  /// Under GradientSync::overlap only the last micro-batch's backward pass hides the
+  /// gradient buckets, and the first bucket waits until every rank is 1 / B into it, so
+  /// a rank with little work in the last micro-batch starts the sync late
+  /// (docs/simulator.md section 3). None with one micro-batch, when a sequence finds no
+  /// room, or when no sequence changes micro-batch.
+  void fill_last() {
+    const std::size_t count = plan_.micro_batches.size();
+    if (count < 2 || full()) return;
+    const std::size_t ranks = loads(0).size();
+    const std::size_t last = count - 1;
+    struct Held {
+      Tokens length;
+      std::int64_t id;
+      std::size_t micro_batch;
+    };
+    std::vector<std::vector<Held>> by_rank(ranks);
+    std::vector<EditBuilder> edits;
+    edits.reserve(count);
+    for (std::size_t m = 0; m < count; ++m) {
+      edits.emplace_back(plan_, static_cast<int>(m));
+      const auto& groups = micro_batch(static_cast<int>(m)).groups;
+      std::vector<bool> local(groups.size(), false);
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        if (groups[g].scheme != Scheme::local) continue;
+        local[g] = true;
+        for (const SequenceChunks& sequence : groups[g].sequences) {
+          by_rank[static_cast<std::size_t>(groups[g].ranks.front())].push_back(
+              {length_of(plan_, sequence.sequence_id), sequence.sequence_id, m});
+        }
+      }
+      edits.back().erase_groups(local);
+    }
+    std::vector<std::vector<Tokens>> held;
+    for (const EditBuilder& edit : edits) held.push_back(attention_tokens_held(edit.micro_batch(), ranks));
+    const Tokens capacity = dealt_capacity_tokens();
+    bool changed = false;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::vector<Held>& sequences = by_rank[r];
+      // Ties: those already in the last micro-batch first (they stay).
+      std::stable_sort(sequences.begin(), sequences.end(), [&](const Held& a, const Held& b) {
+        return a.length != b.length ? a.length > b.length : (a.micro_batch == last && b.micro_batch != last);
+      });
+      for (const Held& sequence : sequences) {
+        std::size_t m = last;
+        if (held[last][r] + sequence.length > capacity) {
+          m = sequence.micro_batch;
+          if (m == last || held[m][r] + sequence.length > capacity) {
+            m = 0;
+            for (std::size_t k = 1; k < last; ++k) {
+              if (held[k][r] < held[m][r]) m = k;
+            }
+            if (held[m][r] + sequence.length > capacity) return;
+          }
+        }
+        edits[m].add_local(static_cast<int>(r), sequence.id);
+        held[m][r] += sequence.length;
+        changed = changed || m != sequence.micro_batch;
+      }
+    }
+    if (!changed) return;
+    Move move{MoveKind::fill_last, {}};
+    for (EditBuilder& edit : edits) move.edits.push_back(edit.finish());
+    moves_.push_back(std::move(move));
+  }
+
   /// Level by the step: like level(), local sequences of micro-batch m from the rank
   /// slowest over the whole step (its loads summed over the micro-batches) to the least
   /// loaded one with room for them in micro-batch `to` (attention tokens within
@@ -1272,6 +1343,8 @@ const char* move_name(MoveKind kind) {
       return "level-step";
     case MoveKind::re_deal:
       return "re-deal";
+    case MoveKind::fill_last:
+      return "fill-last";
     case MoveKind::count:
       break;
   }

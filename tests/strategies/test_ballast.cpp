@@ -807,7 +807,11 @@ TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
   for (Loads loads : {Loads::with_sync, Loads::before_sync, Loads::whole_step}) {
     EXPECT_EQ(find_move(moves_of(plan, cost, evaluator, loads), MoveKind::re_deal), nullptr);
   }
-  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::re_deal);
+  std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::re_deal);
+  // The fill-last move after them (its own test below).
+  ASSERT_FALSE(moves.empty());
+  EXPECT_EQ(moves.back().kind, MoveKind::fill_last);
+  moves.pop_back();
   // Two: memory kept no document off a less-loaded rank, so no new micro-batch is tried.
   ASSERT_EQ(moves.size(), 2u);
   for (std::size_t k = 0; k < moves.size(); ++k) {
@@ -884,6 +888,59 @@ TEST(BallastMoves, ReDealIntoANewMicroBatchWhereEveryRankIsFull) {
   std::printf("re-deal into a new micro-batch: %.4f s -> %.4f s (within two: %.4f s), %d documents on the ring's members\n",
               step_s, dealt_s, best_within_s, members);
   EXPECT_LT(dealt_s, 0.97 * best_within_s);
+}
+
+// Fill the last micro-batch: micro-batch 0 holds three 30% documents on every rank,
+// micro-batch 1 (the last) one. Under the overlapped gradient sync only the last
+// backward pass hides the buckets, and the first waits for every rank to be 1 / B into it;
+// fill-last (the fourth phase only) swaps the counts on every rank, so each rank keeps
+// its four documents and the sync is hidden behind three of them: the step is shorter.
+TEST(BallastMoves, FillLastPutsEachRanksDocumentsInTheLastMicroBatch) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  const Tokens length = cost.token_capacity_per_rank() * 3 / 10;
+  Plan plan = make_plan_skeleton(make_batch(std::vector<Tokens>(64, length)), cost, "ballast");
+  plan.micro_batches.resize(2);
+  MicroBatch& first = plan.micro_batches[0];
+  MicroBatch& second = plan.micro_batches[1];
+  for (int rank = 0; rank < 16; ++rank) {
+    const std::int64_t id = 4 * rank;
+    first.groups.push_back(local_documents(rank, {id, id + 1, id + 2}, length));
+    second.groups.push_back(local_documents(rank, {id + 3}, length));
+  }
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  for (Loads loads : {Loads::with_sync, Loads::before_sync, Loads::whole_step}) {
+    EXPECT_EQ(find_move(moves_of(plan, cost, evaluator, loads), MoveKind::fill_last), nullptr);
+  }
+  const std::vector<Move> moves = moves_of(plan, cost, evaluator, Loads::re_deal);
+  const Move* fill = find_move(moves, MoveKind::fill_last);
+  ASSERT_NE(fill, nullptr);
+  const Plan filled = apply_move(plan, *fill);
+  ASSERT_TRUE(validate(filled, cost).ok) << validate(filled, cost).message;
+  ASSERT_EQ(filled.micro_batches.size(), 2u);
+  for (int rank = 0; rank < 16; ++rank) {
+    std::vector<std::size_t> documents(2, 0);
+    std::vector<std::int64_t> ids;
+    for (std::size_t m = 0; m < 2; ++m) {
+      for (const AttentionGroup& group : filled.micro_batches[m].groups) {
+        if (group.ranks.front() != rank) continue;
+        for (const SequenceChunks& sequence : group.sequences) {
+          ++documents[m];
+          ids.push_back(sequence.sequence_id);
+        }
+      }
+    }
+    std::sort(ids.begin(), ids.end());
+    const std::int64_t id = 4 * rank;
+    EXPECT_EQ(ids, (std::vector<std::int64_t>{id, id + 1, id + 2, id + 3})) << "rank " << rank;
+    EXPECT_EQ(documents, (std::vector<std::size_t>{1, 3})) << "rank " << rank;
+  }
+  const Seconds step_s = simulate(plan, cost).step_time_s;
+  const Seconds filled_s = simulate(filled, cost).step_time_s;
+  std::printf("fill-last: %.4f s -> %.4f s\n", step_s, filled_s);
+  EXPECT_LT(filled_s, step_s);
+  // Filled, it has nothing more to move.
+  EXPECT_EQ(find_move(moves_of(filled, cost, evaluator, Loads::re_deal), MoveKind::fill_last), nullptr);
 }
 
 // The digest tells plans apart by any field of their micro-batches, and a copy from
