@@ -88,10 +88,32 @@ def slug(text):
     return re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-")
 
 
+def blas_environment():
+    """The environment the runs get: OpenBLAS pinned to its Haswell kernels on a CPU with
+    AVX2 (any x86-64 from 2013 on; the caller's OPENBLAS_CORETYPE wins). flexsp's MILP
+    factorises through LAPACK, and OpenBLAS picks its kernels by the CPU it runs on, whose
+    sums differ in the last bits: the default scenario's flexsp step was 2.15605 s with the
+    Haswell kernels and 2.15749 s with SkylakeX's (docs/results.md), so without the pin the
+    page depended on the machine that wrote it. None on a CPU without AVX2 (its kernels
+    would not run), where the page notes it."""
+    env = dict(os.environ)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            avx2 = any(line.startswith("flags") and " avx2" in line for line in cpuinfo)
+    except OSError:
+        avx2 = False
+    if avx2:
+        env.setdefault("OPENBLAS_CORETYPE", "Haswell")
+    return env
+
+
+BLAS_ENVIRONMENT = blas_environment()
+
+
 def run(command):
     """Runs a ballast command; returns (stdout, wall seconds); raises with its stderr."""
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=BLAS_ENVIRONMENT)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout, time.monotonic() - start
@@ -385,6 +407,15 @@ def write_page(args, scenarios, compares, results, walls, plots, timelines, tota
         f"{milp_s:.0f} s of it in the `flexsp-*` scenarios, whose MILP plans each step in "
         f"10-30 s) and {len(timelines)} timelines. Each section below names the command that "
         "reruns it alone.")
+    add("")
+    coretype = BLAS_ENVIRONMENT.get("OPENBLAS_CORETYPE")
+    add("OpenBLAS kernels: " + (f"`OPENBLAS_CORETYPE={coretype}` (the script pins Haswell's on "
+                                "a CPU with AVX2, so flexsp's MILP, which factorises through "
+                                "LAPACK, gives the same plans on any such machine; the other "
+                                "strategies use no BLAS)." if coretype else
+                                "the CPU's own (it has no AVX2, so the script could not pin "
+                                "Haswell's): flexsp's MILP rows may differ in the last digits "
+                                "from a page written on another machine."))
     add("")
     add("Tables: mean over the scenario's steps (4 unless it says otherwise); gap = step / lower "
         "bound - 1; speedup = baseline step / step; imbalance = max / mean busy time; exposed "
