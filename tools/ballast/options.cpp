@@ -25,7 +25,7 @@ void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
   command.add_option("--cost-model", flags.cost_model,
                      "analytical, a profiled preset (flexsp-a100-192k, flexsp-a100-384k) or a "
                      "JSON file [default: analytical]");
-  command.add_option("--steps", flags.steps, "number of global batches (steps) [default: 4; plan: 1]");
+  command.add_option("--steps", flags.steps, "number of global batches (steps) [default: compare 4; plan, simulate and run 1; a --scenario its own]");
   command.add_option("--seed", flags.seed, "sampler seed [default: 0]");
   command.add_option("--tokens-per-step", flags.tokens_per_step,
                      "token budget per global batch [default: 1048576]");
