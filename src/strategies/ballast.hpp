@@ -121,9 +121,10 @@ struct Move {
 /// before the sync, and only the moves that act across micro-batches (level_step, and
 /// splits off the critical path that feed it) or are only tried on the plan the first two
 /// phases left (groups' stages transposed across nodes). `re_deal` is the fourth: loads
-/// before the sync, and only the three re-deals (each local sequence kept in its
-/// micro-batch, into the one with the most room, or so with a new micro-batch appended)
-/// and fill-last (each rank's local sequences into the last micro-batch first).
+/// before the sync, and only the re-deals (each local sequence kept in its micro-batch,
+/// into the one with the most room, so with a new micro-batch appended, or into the last
+/// micro-batch first) and fill-last (each rank's local sequences into the last
+/// micro-batch first).
 enum class Loads { with_sync, before_sync, whole_step, re_deal };
 
 /// The moves tried from `plan` (estimated by `estimate`), in a fixed order: per
@@ -135,10 +136,11 @@ enum class Loads { with_sync, before_sync, whole_step, re_deal };
 /// swapping where none has room), (c) for every group over several nodes as USP with its
 /// stages across the nodes and its rings inside them (grow offers that layout too) and,
 /// off the critical path, (d) splits of the groups without a micro-batch's slowest rank.
-/// With Loads::re_deal only the re-deal, three times: each local sequence kept in its
-/// micro-batch, free to go to another, and free with an empty micro-batch appended (the
-/// move's last edit has the plan's micro-batch count as its index), then fill-last
-/// (MoveKind::fill_last). Deterministic.
+/// With Loads::re_deal only the re-deal, up to four times: each local sequence kept in
+/// its micro-batch, free to go to another, free with an empty micro-batch appended (the
+/// move's last edit has the plan's micro-batch count as its index; only where memory
+/// constrained the free deal) and, with several micro-batches, into the last one where the
+/// rank has room there; then fill-last (MoveKind::fill_last). Deterministic.
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
                                  const CostModel& cost, std::size_t max_moves, Loads loads);
 

@@ -358,6 +358,9 @@ class MoveGenerator {
       re_deal(true);
       // A new micro-batch only where memory kept the free deal off a less-loaded rank.
       if (re_deal(false)) re_deal(false, true);
+      // Dealt by the step's loads into the last micro-batch first; then each rank's own
+      // sequences so (both need several micro-batches).
+      if (plan_.micro_batches.size() >= 2) re_deal(false, false, true);
       fill_last();
       return std::move(moves_);
     }
@@ -816,11 +819,13 @@ class MoveGenerator {
   /// members' local work. Where level_step shifts a few sequences off the slowest rank,
   /// this levels every rank at once. `append` (with !keep_micro_batch): an empty
   /// micro-batch is added after the plan's last, so ranks whose micro-batches are all
-  /// full get room (the search's one move that adds a micro-batch). None when a sequence
-  /// finds no room or the deal leaves every sequence where it was. Returns whether memory
-  /// constrained the deal: a sequence found no room, or went to a rank more loaded than
-  /// the least-loaded one, which had none.
-  bool re_deal(bool keep_micro_batch, bool append = false) {
+  /// full get room (the search's one move that adds a micro-batch). `last_first` (with
+  /// !keep_micro_batch): into the plan's last micro-batch where the rank has room there,
+  /// as fill_last() fills it, and only otherwise where it has the most. None when a
+  /// sequence finds no room or the deal leaves every sequence where it was. Returns
+  /// whether memory constrained the deal: a sequence found no room, or went to a rank more
+  /// loaded than the least-loaded one, which had none.
+  bool re_deal(bool keep_micro_batch, bool append = false, bool last_first = false) {
     if (full()) return false;
     const std::size_t existing = plan_.micro_batches.size();
     const std::size_t count = existing + (append ? 1 : 0);
@@ -885,7 +890,8 @@ class MoveGenerator {
       }
       if (best_rank == ranks) return true;
       constrained = constrained || load_s[best_rank] > least_s;
-      const std::size_t m = keep_micro_batch ? kept : roomiest[best_rank];
+      std::size_t m = keep_micro_batch ? kept : roomiest[best_rank];
+      if (last_first && held[count - 1][best_rank] + sequence.length <= capacity) m = count - 1;
       edits[m].add_local(static_cast<int>(best_rank), sequence.id);
       load_s[best_rank] += sequence.time_s;
       held[m][best_rank] += sequence.length;

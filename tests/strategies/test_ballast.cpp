@@ -796,7 +796,8 @@ TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
 // the step; micro-batch 0 holds four local documents on every rank). Only the fourth phase
 // (Loads::re_deal) generates the re-deals, and each deals every local document once: kept
 // in its micro-batch, the ring's members hand theirs to the other node; free, they go
-// where each rank has the most room. The ring is untouched and the step shorter.
+// where each rank has the most room; last-first, into micro-batch 1 where it has room.
+// The ring is untouched and the step shorter.
 TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
   const CostModel& cost = *setups().front().cost;  // h100 2 x 8
   const SimulatorEvaluator evaluator(cost);
@@ -812,11 +813,13 @@ TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
   ASSERT_FALSE(moves.empty());
   EXPECT_EQ(moves.back().kind, MoveKind::fill_last);
   moves.pop_back();
-  // Two: memory kept no document off a less-loaded rank, so no new micro-batch is tried.
-  ASSERT_EQ(moves.size(), 2u);
+  // Kept, free and last-first: memory kept no document off a less-loaded rank, so no new
+  // micro-batch is tried.
+  ASSERT_EQ(moves.size(), 3u);
   for (std::size_t k = 0; k < moves.size(); ++k) {
     const Move& move = moves[k];
     const bool kept = k == 0;
+    const char* label = k == 0 ? "kept" : k == 1 ? "free" : "last-first";
     EXPECT_EQ(move.kind, MoveKind::re_deal);
     ASSERT_EQ(move.edits.size(), 2u);
     EXPECT_EQ(move.edits[0].index, 0);
@@ -838,10 +841,10 @@ TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
     // The ring's members (0-7) keep fewer documents than the other node's ranks.
     const int members = std::accumulate(documents.begin(), documents.begin() + 8, 0);
     EXPECT_EQ(members + std::accumulate(documents.begin() + 8, documents.end(), 0), 64);
-    EXPECT_LT(members, 32) << (kept ? "kept" : "free");
+    EXPECT_LT(members, 32) << label;
     const Seconds dealt_s = simulate(dealt, cost).step_time_s;
-    std::printf("re-deal (%s): %.4f s -> %.4f s, %d documents on the ring's members\n",
-                kept ? "kept" : "free", step_s, dealt_s, members);
+    std::printf("re-deal (%s): %.4f s -> %.4f s, %d documents on the ring's members\n", label,
+                step_s, dealt_s, members);
     EXPECT_LT(dealt_s, 0.97 * step_s);
   }
 }
@@ -941,6 +944,56 @@ TEST(BallastMoves, FillLastPutsEachRanksDocumentsInTheLastMicroBatch) {
   EXPECT_LT(filled_s, step_s);
   // Filled, it has nothing more to move.
   EXPECT_EQ(find_move(moves_of(filled, cost, evaluator, Loads::re_deal), MoveKind::fill_last), nullptr);
+}
+
+// Re-deal into the last micro-batch first: micro-batch 0 holds two 30% documents on every
+// rank, micro-batch 1 one on ranks 0-7 and three on ranks 8-15. The free re-deal levels
+// the ranks at four documents, two in each micro-batch (the one with the most room); the
+// last-first re-deal levels them too, three in the last micro-batch, where the backward
+// pass hides the overlapped gradient sync: the step is shorter.
+TEST(BallastMoves, ReDealIntoTheLastMicroBatchFirst) {
+  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const SimulatorEvaluator evaluator(cost);
+  const Tokens length = cost.token_capacity_per_rank() * 3 / 10;
+  Plan plan = make_plan_skeleton(make_batch(std::vector<Tokens>(64, length)), cost, "ballast");
+  plan.micro_batches.resize(2);
+  std::int64_t next = 0;
+  const auto documents = [&](int count) {
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < count; ++i) ids.push_back(next++);
+    return ids;
+  };
+  for (int rank = 0; rank < 16; ++rank) {
+    plan.micro_batches[0].groups.push_back(local_documents(rank, documents(2), length));
+    plan.micro_batches[1].groups.push_back(local_documents(rank, documents(rank < 8 ? 1 : 3), length));
+  }
+  ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
+  std::vector<Move> re_deals;
+  for (Move& move : moves_of(plan, cost, evaluator, Loads::re_deal)) {
+    if (move.kind == MoveKind::re_deal) re_deals.push_back(std::move(move));
+  }
+  // Kept, free and last-first (memory kept nothing off a less-loaded rank: none appended).
+  ASSERT_EQ(re_deals.size(), 3u);
+  std::vector<Seconds> step_s;
+  for (std::size_t k = 1; k < 3; ++k) {
+    const Plan dealt = apply_move(plan, re_deals[k]);
+    ASSERT_TRUE(validate(dealt, cost).ok) << validate(dealt, cost).message;
+    ASSERT_EQ(dealt.micro_batches.size(), 2u);
+    for (int rank = 0; rank < 16; ++rank) {
+      std::vector<std::size_t> held(2, 0);
+      for (std::size_t m = 0; m < 2; ++m) {
+        for (const AttentionGroup& group : dealt.micro_batches[m].groups) {
+          if (group.ranks.front() == rank) held[m] += group.sequences.size();
+        }
+      }
+      const std::vector<std::size_t> expected = k == 1 ? std::vector<std::size_t>{2, 2} : std::vector<std::size_t>{1, 3};
+      EXPECT_EQ(held, expected) << (k == 1 ? "free" : "last-first") << ", rank " << rank;
+    }
+    step_s.push_back(simulate(dealt, cost).step_time_s);
+  }
+  std::printf("re-deal: %.4f s, free %.4f s, last-first %.4f s\n", simulate(plan, cost).step_time_s,
+              step_s[0], step_s[1]);
+  EXPECT_LT(step_s[1], step_s[0]);
 }
 
 // The digest tells plans apart by any field of their micro-batches, and a copy from
