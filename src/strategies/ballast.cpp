@@ -103,13 +103,16 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
                        const Planner*& winner) {
   const PlannerOptions member = member_options(options);
   const std::vector<const Planner*> members = portfolio_of(options);
+  // What a member simulated (zeppelin prices its candidates, the plan it returns among
+  // them) is not simulated again here: the same steps and rank times, fewer simulations.
+  const RememberingEvaluator remembering(evaluator, /*steps_too=*/true);
   std::optional<Plan> best;
   std::vector<std::string> reasons(members.size());
   for (std::size_t i = members.size(); i-- > 0;) {
     const Planner* planner = members[i];
     Plan plan;
     try {
-      plan = planner->plan(batch, cost, member, evaluator);
+      plan = planner->plan(batch, cost, member, remembering);
     } catch (const PlanningError& error) {
       reasons[i] = fmt::format("{}: {}", planner->name(), error.what());
       continue;
@@ -120,7 +123,7 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
     require_valid(plan, cost, fmt::format("{} (ballast's portfolio)", planner->name()));
     // Listed before the best: a tie wins, so the bound lets the best's own step through.
     const Seconds bound_s = best ? std::nextafter(best_evaluation.step_time_s, kInfinity) : kInfinity;
-    PlanEvaluation evaluation = evaluator.evaluate_below(plan, bound_s);
+    PlanEvaluation evaluation = remembering.evaluate_below(plan, bound_s);
     if (evaluation.step_time_s >= bound_s) continue;
     best_evaluation = std::move(evaluation);
     best = std::move(plan);

@@ -173,12 +173,18 @@ PlanDigest digest_of(const std::vector<MicroBatch>& micro_batches);
 /// Every other call goes to `inner`. The search's phases and rounds generate many of the
 /// same candidates from a plan none of them changed; remembering them changes no choice,
 /// only what is simulated. Single-threaded (as the search is); `inner` must outlive it.
+///
+/// With `steps_too`, step_time_below_s() is evaluate_below()'s step (the same simulation,
+/// its rank times kept as well), so a plan a planner priced by its step alone is remembered
+/// for a later evaluate_below(): the portfolio's members share one with the portfolio,
+/// which simulates zeppelin's plan after zeppelin priced it.
 class RememberingEvaluator final : public PlanEvaluator {
  public:
-  explicit RememberingEvaluator(const PlanEvaluator& inner) : inner_(inner) {}
+  explicit RememberingEvaluator(const PlanEvaluator& inner, bool steps_too = false)
+      : inner_(inner), steps_too_(steps_too) {}
   Seconds step_time_s(const Plan& plan) const override { return inner_.step_time_s(plan); }
   Seconds step_time_below_s(const Plan& plan, Seconds bound_s) const override {
-    return inner_.step_time_below_s(plan, bound_s);
+    return steps_too_ ? evaluate_below(plan, bound_s).step_time_s : inner_.step_time_below_s(plan, bound_s);
   }
   PlanEvaluation evaluate(const Plan& plan) const override { return inner_.evaluate(plan); }
   PlanEvaluation evaluate_below(const Plan& plan, Seconds bound_s) const override;
@@ -201,6 +207,7 @@ class RememberingEvaluator final : public PlanEvaluator {
     PlanEvaluation evaluation;
   };
   const PlanEvaluator& inner_;
+  bool steps_too_ = false;
   mutable std::vector<Entry> entries_;
   mutable long long passed_ = 0;
   mutable long long remembered_ = 0;

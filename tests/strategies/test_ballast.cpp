@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -1081,6 +1082,38 @@ TEST(BallastSearch, RememberingEvaluatorKeepsTheContract) {
   }
   std::printf("remembered %lld of %lld calls\n", remembered, calls);
   EXPECT_GT(remembered * 2, calls);
+}
+
+// With steps_too, a planner's step_time_below_s() through the memory gives the inner
+// evaluator's step (zeppelin plans the same plan through it), and the portfolio's
+// evaluate_below() of the plan it returned is then answered from memory with the inner
+// evaluator's evaluation.
+TEST(BallastSearch, RememberingStepsTooGivesTheSameStepsAndRemembersThem) {
+  for (const CostSetup& setup : setups()) {
+    const CostModel& cost = *setup.cost;
+    const SimulatorEvaluator evaluator(cost);
+    const Batch batch = sampled_batch(cost, 5);
+    const std::optional<Plan> plan = plan_or_skip(find_planner("zeppelin"), batch, cost, evaluator);
+    if (!plan) continue;
+    const RememberingEvaluator remembering(evaluator, /*steps_too=*/true);
+    const Plan through = find_planner("zeppelin").plan(batch, cost, {}, remembering);
+    EXPECT_EQ(digest_of(through.micro_batches), digest_of(plan->micro_batches)) << setup.label;
+    const PlanEvaluation exact = evaluator.evaluate(*plan);
+    // Above the step, the step; at or below it, a value the contract allows (the memory
+    // has the exact step, the inner evaluator stops at the bound).
+    EXPECT_EQ(remembering.step_time_below_s(*plan, 2 * exact.step_time_s), exact.step_time_s) << setup.label;
+    for (const double factor : {0.5, 1.0}) {
+      const Seconds below_s = remembering.step_time_below_s(*plan, factor * exact.step_time_s);
+      EXPECT_GE(below_s, factor * exact.step_time_s) << setup.label << " bound x" << factor;
+      EXPECT_LE(below_s, exact.step_time_s) << setup.label << " bound x" << factor;
+    }
+    const long long passed = remembering.passed();
+    const PlanEvaluation answer = remembering.evaluate_below(through, std::numeric_limits<Seconds>::infinity());
+    EXPECT_EQ(remembering.passed(), passed) << setup.label << ": simulated again";
+    EXPECT_EQ(answer.step_time_s, exact.step_time_s);
+    EXPECT_EQ(answer.rank_time_s, exact.rank_time_s);
+    EXPECT_EQ(answer.rank_time_before_sync_s, exact.rank_time_before_sync_s);
+  }
 }
 
 TEST(BallastPlanner, ValidDeterministicAndNoWorseThanItsPortfolio) {
