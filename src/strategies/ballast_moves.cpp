@@ -808,6 +808,36 @@ class MoveGenerator {
     return std::move(moves_);
   }
 
+  /// A local sequence of the plan (take_out_local_sequences).
+  struct LocalSequence {
+    Tokens length;
+    std::int64_t id;
+    int micro_batch;
+    int rank;
+  };
+  /// Every local sequence of the plan taken out: `edits` gets one EditBuilder per
+  /// micro-batch of the plan, its local groups erased; the sequences come micro-batch by
+  /// micro-batch, each one's local groups last to first (the order the re-deal's sums and
+  /// ties were measured with).
+  std::vector<LocalSequence> take_out_local_sequences(std::vector<EditBuilder>& edits) const {
+    std::vector<LocalSequence> sequences;
+    for (std::size_t m = 0; m < plan_.micro_batches.size(); ++m) {
+      edits.emplace_back(plan_, static_cast<int>(m));
+      const auto& groups = micro_batch(static_cast<int>(m)).groups;
+      std::vector<bool> local(groups.size(), false);
+      for (std::size_t g = groups.size(); g-- > 0;) {
+        if (groups[g].scheme != Scheme::local) continue;
+        local[g] = true;
+        for (const SequenceChunks& sequence : groups[g].sequences) {
+          sequences.push_back({length_of(plan_, sequence.sequence_id), sequence.sequence_id, static_cast<int>(m),
+                               groups[g].ranks.front()});
+        }
+      }
+      edits.back().erase_groups(local);
+    }
+    return sequences;
+  }
+
   /// Re-deal (the fourth phase): every local sequence of the plan taken out and dealt
   /// again, longest local time first (local_sequence_time_s; ties: the order they were
   /// held in), each to the rank with the least whole-step load so far (its micro-batches'
@@ -844,22 +874,10 @@ class MoveGenerator {
     std::vector<Held> sequences;
     std::vector<EditBuilder> edits;
     edits.reserve(count);
-    for (std::size_t m = 0; m < existing; ++m) {
-      edits.emplace_back(plan_, static_cast<int>(m));
-      const auto& groups = micro_batch(static_cast<int>(m)).groups;
-      std::vector<bool> local(groups.size(), false);
-      for (std::size_t g = groups.size(); g-- > 0;) {
-        if (groups[g].scheme != Scheme::local) continue;
-        local[g] = true;
-        const int rank = groups[g].ranks.front();
-        for (const SequenceChunks& sequence : groups[g].sequences) {
-          const Tokens length = length_of(plan_, sequence.sequence_id);
-          const Seconds time_s = local_sequence_time_s(cost_, length);
-          sequences.push_back({time_s, length, sequence.sequence_id, static_cast<int>(m), rank});
-          load_s[static_cast<std::size_t>(rank)] -= time_s;
-        }
-      }
-      edits.back().erase_groups(local);
+    for (const LocalSequence& local : take_out_local_sequences(edits)) {
+      const Seconds time_s = local_sequence_time_s(cost_, local.length);
+      sequences.push_back({time_s, local.length, local.id, local.micro_batch, local.rank});
+      load_s[static_cast<std::size_t>(local.rank)] -= time_s;
     }
     if (append) edits.push_back(EditBuilder::appended(plan_));
     if (sequences.size() < 2) return false;
@@ -930,19 +948,9 @@ class MoveGenerator {
     std::vector<std::vector<Held>> by_rank(ranks);
     std::vector<EditBuilder> edits;
     edits.reserve(count);
-    for (std::size_t m = 0; m < count; ++m) {
-      edits.emplace_back(plan_, static_cast<int>(m));
-      const auto& groups = micro_batch(static_cast<int>(m)).groups;
-      std::vector<bool> local(groups.size(), false);
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        if (groups[g].scheme != Scheme::local) continue;
-        local[g] = true;
-        for (const SequenceChunks& sequence : groups[g].sequences) {
-          by_rank[static_cast<std::size_t>(groups[g].ranks.front())].push_back(
-              {length_of(plan_, sequence.sequence_id), sequence.sequence_id, m});
-        }
-      }
-      edits.back().erase_groups(local);
+    for (const LocalSequence& local : take_out_local_sequences(edits)) {
+      by_rank[static_cast<std::size_t>(local.rank)].push_back(
+          {local.length, local.id, static_cast<std::size_t>(local.micro_batch)});
     }
     std::vector<std::vector<Tokens>> held;
     for (const EditBuilder& edit : edits) held.push_back(attention_tokens_held(edit.micro_batch(), ranks));

@@ -894,6 +894,27 @@ TEST(BallastMoves, ReDealIntoANewMicroBatchWhereEveryRankIsFull) {
   EXPECT_LT(dealt_s, 0.97 * best_within_s);
 }
 
+/// On `cost` (h100 2 x 8): 64 documents of 30% of a rank's token capacity, rank r holding
+/// first(r) of them in micro-batch 0 and second(r) in micro-batch 1, ids rank by rank in
+/// that order (the counts sum to 64).
+template <typename First, typename Second>
+Plan documents_in_two_micro_batches(const CostModel& cost, First first, Second second) {
+  const Tokens length = cost.token_capacity_per_rank() * 3 / 10;
+  Plan plan = make_plan_skeleton(make_batch(std::vector<Tokens>(64, length)), cost, "ballast");
+  plan.micro_batches.resize(2);
+  std::int64_t next = 0;
+  const auto documents = [&](int count) {
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < count; ++i) ids.push_back(next++);
+    return ids;
+  };
+  for (int rank = 0; rank < 16; ++rank) {
+    plan.micro_batches[0].groups.push_back(local_documents(rank, documents(first(rank)), length));
+    plan.micro_batches[1].groups.push_back(local_documents(rank, documents(second(rank)), length));
+  }
+  return plan;
+}
+
 // Fill the last micro-batch: micro-batch 0 holds three 30% documents on every rank,
 // micro-batch 1 (the last) one. Under the overlapped gradient sync only the last
 // backward pass hides the buckets, and the first waits for every rank to be 1 / B into it;
@@ -902,16 +923,7 @@ TEST(BallastMoves, ReDealIntoANewMicroBatchWhereEveryRankIsFull) {
 TEST(BallastMoves, FillLastPutsEachRanksDocumentsInTheLastMicroBatch) {
   const CostModel& cost = *setups().front().cost;  // h100 2 x 8
   const SimulatorEvaluator evaluator(cost);
-  const Tokens length = cost.token_capacity_per_rank() * 3 / 10;
-  Plan plan = make_plan_skeleton(make_batch(std::vector<Tokens>(64, length)), cost, "ballast");
-  plan.micro_batches.resize(2);
-  MicroBatch& first = plan.micro_batches[0];
-  MicroBatch& second = plan.micro_batches[1];
-  for (int rank = 0; rank < 16; ++rank) {
-    const std::int64_t id = 4 * rank;
-    first.groups.push_back(local_documents(rank, {id, id + 1, id + 2}, length));
-    second.groups.push_back(local_documents(rank, {id + 3}, length));
-  }
+  const Plan plan = documents_in_two_micro_batches(cost, [](int) { return 3; }, [](int) { return 1; });
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
   for (Loads loads : {Loads::with_sync, Loads::before_sync, Loads::whole_step}) {
     EXPECT_EQ(find_move(moves_of(plan, cost, evaluator, loads), MoveKind::fill_last), nullptr);
@@ -955,19 +967,8 @@ TEST(BallastMoves, FillLastPutsEachRanksDocumentsInTheLastMicroBatch) {
 TEST(BallastMoves, ReDealIntoTheLastMicroBatchFirst) {
   const CostModel& cost = *setups().front().cost;  // h100 2 x 8
   const SimulatorEvaluator evaluator(cost);
-  const Tokens length = cost.token_capacity_per_rank() * 3 / 10;
-  Plan plan = make_plan_skeleton(make_batch(std::vector<Tokens>(64, length)), cost, "ballast");
-  plan.micro_batches.resize(2);
-  std::int64_t next = 0;
-  const auto documents = [&](int count) {
-    std::vector<std::int64_t> ids;
-    for (int i = 0; i < count; ++i) ids.push_back(next++);
-    return ids;
-  };
-  for (int rank = 0; rank < 16; ++rank) {
-    plan.micro_batches[0].groups.push_back(local_documents(rank, documents(2), length));
-    plan.micro_batches[1].groups.push_back(local_documents(rank, documents(rank < 8 ? 1 : 3), length));
-  }
+  const Plan plan =
+      documents_in_two_micro_batches(cost, [](int) { return 2; }, [](int rank) { return rank < 8 ? 1 : 3; });
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
   std::vector<Move> re_deals;
   for (Move& move : moves_of(plan, cost, evaluator, Loads::re_deal)) {
