@@ -116,6 +116,9 @@ struct Cluster {
   bool same_node(int rank_a, int rank_b) const { return node_of(rank_a) == node_of(rank_b); }
   /// GPUs of the cluster: ranks() x the TP degree.
   int gpus() const { return ranks() * tensor_parallel.gpus; }
+  /// Field by field (validate()'s fast path: a plan's cluster equal to the cost model's
+  /// needs no comparison of their JSON).
+  bool operator==(const Cluster&) const = default;
 };
 
 /// "<name> (<nodes> nodes x <GPUs per node> <gpu>, <GPUs> GPUs)", and with tensor

@@ -101,6 +101,8 @@ struct Model {
   Bytes qkv_bytes_per_token() const;
   /// Bytes of the attention output (hidden) for one token in one layer.
   Bytes hidden_bytes_per_token() const;
+  /// Field by field (validate()'s fast path, as Cluster's).
+  bool operator==(const Model&) const = default;
 };
 
 void validate_model(const Model& model, const std::string& source);

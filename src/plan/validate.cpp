@@ -165,10 +165,17 @@ Violation check_matches_cost(const Plan& plan, const CostModel& cost) {
         "cost model's cluster has {}; plan and simulate with the same {}",
         plan_tp, cost_tp, setting_name("--tp"));
   }
-  if (auto violation =
-          first_difference("cluster", to_json(plan.cluster), to_json(cost.cluster()))) {
-    return violation;
+  // Equal fields serialise to equal JSON, so only unequal ones are compared as JSON (which
+  // names the first difference, or finds none where the fields differ only in what JSON
+  // does not hold). A planner's candidates carry the cost model's own cluster and model:
+  // serialising both, curves and collective fits included, cost 0.46 million
+  // instructions a call, 2% of ballast's planning at 64 GPUs / 512 sequences.
+  if (!(plan.cluster == cost.cluster())) {
+    if (auto violation = first_difference("cluster", to_json(plan.cluster), to_json(cost.cluster()))) {
+      return violation;
+    }
   }
+  if (plan.model == cost.model()) return std::nullopt;
   return first_difference("model", to_json(plan.model), to_json(cost.model()));
 }
 

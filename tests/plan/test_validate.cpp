@@ -64,6 +64,24 @@ TEST(Validate, ClusterOrModelDiffersFromCostModel) {
   EXPECT_EQ(violation(plan),
             "the plan's model differs from the cost model's: 'layers' is 5 in the plan but 4 "
             "in the cost model");
+  // Fields deep in the cluster and model (validate compares their JSON only when a field
+  // differs): still found and named.
+  plan = base_plan();
+  plan.cluster.attention_forward_curve.push_back({1 << 20, 0.5, "a point the cost model lacks"});
+  EXPECT_NE(violation(plan).find("the plan's cluster differs from the cost model's: "
+                                 "'attention_efficiency_curve' is"),
+            std::string::npos)
+      << violation(plan);
+  plan = base_plan();
+  plan.model.provenance += " (edited)";
+  EXPECT_NE(violation(plan).find("the plan's model differs from the cost model's: 'provenance' is"),
+            std::string::npos)
+      << violation(plan);
+  // A copy of the cost model's own cluster and model is no difference.
+  plan = base_plan();
+  plan.cluster = Cluster(plan.cluster);
+  plan.model = Model(plan.model);
+  expect_valid(plan);
 }
 
 TEST(Validate, RankOutOfRangeAndRepeated) {
