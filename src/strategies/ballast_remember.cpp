@@ -10,15 +10,15 @@ namespace ballast::strategies::ballast_search {
 
 namespace {
 
-/// Two 64-bit mixes of a stream of integers: FNV-1a over each value's 8 bytes, and a
-/// multiply-xorshift (splitmix64's finalizer) of the running sum.
+/// Two 64-bit mixes of a stream of integers: FNV-1a's step over each value as one 64-bit
+/// word (xor, multiply by the FNV prime; byte by byte it cost 8 multiplies a value, 2% of
+/// the planning at 64 GPUs / 512 sequences), and a multiply-xorshift (splitmix64's
+/// finalizer) of the running sum.
 class Digester {
  public:
   void add(std::int64_t value) {
-    auto bits = static_cast<std::uint64_t>(value);
-    for (int byte = 0; byte < 8; ++byte) {
-      first_ = (first_ ^ ((bits >> (8 * byte)) & 0xffU)) * 0x100000001b3ULL;
-    }
+    const auto bits = static_cast<std::uint64_t>(value);
+    first_ = (first_ ^ bits) * 0x100000001b3ULL;
     std::uint64_t mixed = second_ + bits + 0x9e3779b97f4a7c15ULL;
     mixed = (mixed ^ (mixed >> 30)) * 0xbf58476d1ce4e5b9ULL;
     mixed = (mixed ^ (mixed >> 27)) * 0x94d049bb133111ebULL;
