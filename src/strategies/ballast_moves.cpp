@@ -113,6 +113,7 @@ class EditBuilder {
   /// Erases every group g with erased[g] in one pass over the groups and queues (where
   /// erase_group() one by one would pass over them once per group).
   void erase_groups(const std::vector<bool>& erased) {
+    local_of_rank_.clear();
     auto& groups = edit_.micro_batch.groups;
     std::vector<int> index(groups.size(), -1);
     std::size_t kept = 0;
@@ -142,11 +143,16 @@ class EditBuilder {
     if (!edit_.micro_batch.queues.empty()) {
       for (int rank : group.ranks) edit_.micro_batch.queues[static_cast<std::size_t>(rank)].push_back(g);
     }
+    if (!local_of_rank_.empty() && group.scheme == Scheme::local) {
+      int& local = local_of_rank_[static_cast<std::size_t>(group.ranks.front())];
+      if (local < 0) local = g;
+    }
     edit_.micro_batch.groups.push_back(std::move(group));
     edit_.origin.push_back(-1);
   }
   /// A group on the same ranks (queues unchanged).
   void replace_group(int g, AttentionGroup group) {
+    local_of_rank_.clear();
     edit_.micro_batch.groups[static_cast<std::size_t>(g)] = std::move(group);
     edit_.origin[static_cast<std::size_t>(g)] = -1;
   }
@@ -166,16 +172,25 @@ class EditBuilder {
     }
     return id;
   }
-  /// The sequence whole on `rank`: into the rank's local group, or a new one.
+  /// The sequence whole on `rank`: into the rank's local group (the first, as
+  /// local_group_of() finds it), grown in place, or a new one. The re-deals add thousands
+  /// of sequences to one edit at 1,024 GPUs: each rank's local group is looked up in an
+  /// index built on the first call, not by a scan of the groups per sequence.
   void add_local(int rank, std::int64_t id) {
-    const int g = local_group_of(edit_.micro_batch, rank);
+    auto& groups = edit_.micro_batch.groups;
+    if (local_of_rank_.empty()) {
+      local_of_rank_.assign(static_cast<std::size_t>(plan_.cluster.ranks()), -1);
+      for (std::size_t g = groups.size(); g-- > 0;) {
+        if (groups[g].scheme == Scheme::local) local_of_rank_[static_cast<std::size_t>(groups[g].ranks.front())] = static_cast<int>(g);
+      }
+    }
+    const int g = local_of_rank_[static_cast<std::size_t>(rank)];
     if (g < 0) {
       append_group(build_group(Scheme::local, {rank}, {id}, plan_));
       return;
     }
-    AttentionGroup grown = edit_.micro_batch.groups[static_cast<std::size_t>(g)];
-    grown.sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
-    replace_group(g, std::move(grown));
+    groups[static_cast<std::size_t>(g)].sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
+    edit_.origin[static_cast<std::size_t>(g)] = -1;
   }
   /// The edit, with a remap's linear layout rebuilt for the new chunks (zeppelin's
   /// balanced_linear_layout, which needs unpadded chunks; dropped when some are padded).
@@ -199,6 +214,10 @@ class EditBuilder {
   const Plan& plan_;
   MicroBatchEdit edit_;
   bool remapped_ = false;  ///< the micro-batch has a linear layout (rebuilt by finish())
+  /// add_local()'s index: per rank, its first local group (-1: none); empty until
+  /// add_local() builds it, kept by append_group(), cleared by any other change of the
+  /// groups.
+  std::vector<int> local_of_rank_;
 };
 
 /// Attention tokens each of `ranks` holds in `micro_batch` (what its memory must fit).
