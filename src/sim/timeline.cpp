@@ -262,6 +262,7 @@ class FlowSimulation {
       // Every event of this time, those it schedules for the same time included (in a FIFO
       // beside the heap: most events of a step are zero-time joins and latency-free starts).
       for (;;) {
+        if (path_reached_s_ > 0) return finished_;  // a started task's path reaches the stop
         if (next_immediate_ < immediate_.size()) {
           handle(immediate_[next_immediate_++]);
         } else if (!events_.empty() && events_.top().time_s == now_s_) {
@@ -281,6 +282,35 @@ class FlowSimulation {
 
   Seconds now_s() const { return now_s_; }
 
+  /// For run(stop_at_s): each task's tail (the longest path from its start to the end of
+  /// the step, every task alone on idle links: a collective without waiting for its ports,
+  /// a transfer at full speed; each edge its delay). Contention only delays tasks (a
+  /// transfer's rate is at most 1, a collective starts no earlier than it is ready), so a
+  /// task started at t ends the step no sooner than t + its tail, and the run stops as
+  /// soon as one reaches `stop_at_s` (path_reached_s()). Returns the longest tail: the
+  /// step with no contention, a lower bound of any run's (run_until needs no run when it
+  /// reaches `stop_at_s`). O(tasks + edges): the tasks are in a topological order.
+  Seconds bound_paths(Seconds stop_at_s) {
+    const int n = static_cast<int>(tasks_.size());
+    tail_s_ = take_spare<Seconds>();
+    tail_s_.assign(static_cast<std::size_t>(n), 0.0);
+    Seconds longest_s = 0;
+    for (int id = n; id-- > 0;) {
+      Seconds after_s = 0;
+      for (int e = offsets_[id]; e < offsets_[id + 1]; ++e) {
+        const Edge& edge = successors_[e];
+        after_s = std::max(after_s, edge.delay_s + tail_s_[edge.dependent]);
+      }
+      tail_s_[id] = std::max(0.0, tasks_[id].duration_s) + after_s;
+      longest_s = std::max(longest_s, tail_s_[id]);
+    }
+    path_stop_s_ = stop_at_s;
+    return longest_s;
+  }
+  /// Once a started task's start + tail reached the stop of bound_paths(): that sum (a
+  /// lower bound of the step); 0 before.
+  Seconds path_reached_s() const { return path_reached_s_; }
+
   ~FlowSimulation() {
     give_spare(flow_slot_);
     give_spare(offsets_);
@@ -288,6 +318,7 @@ class FlowSimulation {
     give_spare(successors_);
     give_spare(ready_s_);
     give_spare(flows_);
+    give_spare(tail_s_);
   }
   FlowSimulation(const FlowSimulation&) = delete;
   FlowSimulation& operator=(const FlowSimulation&) = delete;
@@ -358,6 +389,9 @@ class FlowSimulation {
   void start(int id, Seconds now_s) {
     Task& t = tasks_[id];
     t.start_s = now_s;
+    if (!tail_s_.empty() && now_s + tail_s_[id] >= path_stop_s_) {
+      path_reached_s_ = std::max(path_reached_s_, now_s + tail_s_[id]);
+    }
     // A zero-time task moves no data: it neither waits for nor holds a port.
     if (t.duration_s <= 0 || t.kind == TaskKind::compute || t.kind == TaskKind::join) {
       schedule(now_s + std::max(0.0, t.duration_s), EventKind::finish, id);
@@ -552,6 +586,9 @@ class FlowSimulation {
   std::vector<int> offsets_, pending_;
   std::vector<Edge> successors_;  ///< by dependency: successors_[offsets_[id] .. offsets_[id+1])
   std::vector<Seconds> ready_s_;
+  std::vector<Seconds> tail_s_;  ///< bound_paths(): per task, its tail (empty: not bounded)
+  Seconds path_stop_s_ = std::numeric_limits<Seconds>::infinity();
+  Seconds path_reached_s_ = 0;
   Flow& flow_of(int transfer_id) { return flows_[flow_slot_[transfer_id]]; }
 
   std::vector<int> flow_slot_;  ///< per task: its index in flows_ (-1: not a transfer)
@@ -583,11 +620,31 @@ void TaskGraph::run(int port_count) {
 
 Seconds TaskGraph::run_until(int port_count, Seconds stop_at_s) {
   FlowSimulation simulation(tasks_, port_pool_, edges_, port_count, scanned_component_ports_);
+  // The paths are summed in another order than the run sums the same times (a path of n
+  // tasks may differ by n ulps, ~1e-12 relative): only a path past stop_at_s by kMargin
+  // stops the run, and what is returned is kMargin below it.
+  constexpr double kMargin = 1e-9;
+  const bool bounded = path_stop_ && stop_at_s < std::numeric_limits<Seconds>::infinity();
+  if (bounded) {
+    const Seconds longest_s = simulation.bound_paths(stop_at_s * (1 + kMargin));
+    if (longest_s >= stop_at_s * (1 + kMargin)) {
+      ++path_stop_count();
+      return std::max(stop_at_s, longest_s * (1 - kMargin));
+    }
+  }
   const int finished = simulation.run(stop_at_s);
-  if (finished < size()) return simulation.now_s();
+  if (finished < size()) {
+    if (simulation.path_reached_s() > 0) ++path_stop_count();
+    return std::max({stop_at_s, simulation.now_s(), simulation.path_reached_s() * (1 - kMargin)});
+  }
   Seconds end_s = 0;
   for (const Task& task : tasks_) end_s = std::max(end_s, task.end_s);
   return end_s;
+}
+
+std::int64_t& path_stop_count() {
+  thread_local std::int64_t count = 0;
+  return count;
 }
 
 void release_spare_buffers() {

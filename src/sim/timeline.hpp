@@ -51,6 +51,9 @@ class LinkPorts {
 /// the heap alone (the components of its steps average about 12 ports).
 constexpr std::size_t kScannedComponentPorts = 32;
 
+/// run_until() calls of this thread stopped by a path (TaskGraph::set_path_stop).
+std::int64_t& path_stop_count();
+
 /// Frees the buffers this thread keeps for its next simulations (timeline.cpp).
 void release_spare_buffers();
 
@@ -133,11 +136,17 @@ class TaskGraph {
   /// Simultaneous events are handled in the order they were scheduled, so a run is
   /// deterministic.
   void run(int port_count);
-  /// run(), but stops once the clock reaches `stop_at_s` with tasks still to finish (the
-  /// tasks' times are then partial). Returns the last task's end (the step, as run() gives
-  /// it) when every task finished before `stop_at_s`; otherwise the time it stopped at,
-  /// >= stop_at_s, a lower bound of that end.
+  /// run(), but stops once the step is known to end at `stop_at_s` or later: the clock
+  /// reached it with tasks still to finish, or a path did (set_path_stop). The tasks'
+  /// times are then partial or unset. Returns the last task's end (the step, as run()
+  /// gives it) when every task finished before `stop_at_s`; otherwise a lower bound of
+  /// that end, >= stop_at_s.
   Seconds run_until(int port_count, Seconds stop_at_s);
+  /// Whether run_until() stops on the tasks' paths (each task alone on idle links): with
+  /// no run when the whole graph's longest path already reaches stop_at_s, and as soon as
+  /// a started task's start plus its longest path to the end does. Tests turn it off to
+  /// compare. Default: on.
+  void set_path_stop(bool on) { path_stop_ = on; }
   /// Transfers sharing ports are rated by progressive filling over their component: up to
   /// this many ports by a scan for the bottleneck, beyond it by a heap (the two give the
   /// same rates to the bit; tests compare them with 0 and SIZE_MAX). Default:
@@ -173,6 +182,7 @@ class TaskGraph {
 
   bool keep_names_;
   std::size_t scanned_component_ports_ = kScannedComponentPorts;
+  bool path_stop_ = true;
   std::vector<Task> tasks_;
   std::vector<int> port_pool_;
   std::vector<int> party_pool_;

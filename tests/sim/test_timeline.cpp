@@ -1,11 +1,13 @@
 // The task graph's event-driven run on random graphs: progressive filling by a scan over a
 // component's ports (the fast path for small components) gives the same timeline, to the
 // bit, as the heap (the reference), and the default split between them does too; and a
-// thread's reused buffers (each graph and run takes the last ones' capacity) change nothing.
+// thread's reused buffers (each graph and run takes the last ones' capacity) change nothing;
+// and run_until's stops on the tasks' paths keep its contract.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
@@ -142,6 +144,46 @@ TEST(TaskGraphRandom, ReusedBuffersGiveTheSameTimelineToTheBit) {
     ASSERT_FALSE(fresh[g].empty());
     EXPECT_EQ(reused[g], fresh[g]);
   }
+}
+
+TEST(TaskGraphRandom, PathStopsKeepRunUntilsContract) {
+  // run_until() with the path stops (no run when the longest path reaches the stop, or a
+  // stop once a started task's path does) against the run without them (the reference):
+  // below the stop both give the step to the bit; at or past it both give a lower bound
+  // of the step that is at least the stop.
+  const std::int64_t stops_before = path_stop_count();
+  int exact = 0, bounded = 0;
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    std::mt19937_64 rng(500 + seed);
+    const int port_count = std::uniform_int_distribution<int>(2, 96)(rng);
+    const TaskGraph graph = random_graph(rng, port_count);
+    TaskGraph full = graph;
+    full.run(port_count);
+    Seconds step_s = 0;
+    for (int id = 0; id < graph.size(); ++id) step_s = std::max(step_s, full.task(id).end_s);
+    for (const double fraction : {0.1, 0.5, 0.8, 0.95, 0.999, 1.0, 1.001, 1.2}) {
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << ", stop at " << fraction << " of the step");
+      const Seconds stop_at_s = fraction * step_s;
+      TaskGraph with_paths = graph, without = graph;
+      without.set_path_stop(false);
+      const Seconds with_s = with_paths.run_until(port_count, stop_at_s);
+      const Seconds without_s = without.run_until(port_count, stop_at_s);
+      if (step_s < stop_at_s) {
+        ASSERT_EQ(with_s, step_s);
+        ASSERT_EQ(without_s, step_s);
+        ++exact;
+      } else {
+        ASSERT_GE(with_s, stop_at_s);
+        ASSERT_LE(with_s, step_s);
+        ASSERT_GE(without_s, stop_at_s);
+        ++bounded;
+      }
+    }
+  }
+  EXPECT_GT(exact, 60);
+  EXPECT_GT(bounded, 5 * 60);
+  // Not vacuous: the paths stopped runs (with no run or midway).
+  EXPECT_GT(path_stop_count() - stops_before, 60);
 }
 
 }  // namespace
