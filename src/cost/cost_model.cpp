@@ -7,6 +7,8 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -201,18 +203,27 @@ Seconds CostModel::all_to_all_time_s(std::span<const int> ranks,
   BALLAST_CHECK(ranks.size() == bytes_per_rank.size(), "one byte count per rank");
   const auto group_size = static_cast<double>(ranks.size());
   if (ranks.size() <= 1) return 0.0;
-  std::map<int, int> members_per_node;
-  for (int rank : ranks) ++members_per_node[cluster_.node_of(rank)];
+  // Per node its members, per NIC its bytes: small sorted vectors (a group spans few
+  // nodes; a std::map allocated a node per entry, and the simulator prices two
+  // all-to-alls per Ulysses group and pass). Each NIC's bytes are summed in rank order.
+  const auto slot = [](auto& entries, int key, auto zero) -> auto& {
+    auto it = std::lower_bound(entries.begin(), entries.end(), key,
+                               [](const auto& entry, int k) { return entry.first < k; });
+    if (it == entries.end() || it->first != key) it = entries.insert(it, {key, zero});
+    return it->second;
+  };
+  std::vector<std::pair<int, int>> members_per_node;
+  for (int rank : ranks) ++slot(members_per_node, cluster_.node_of(rank), 0);
   // Each member sends bytes/d to every member; the part for other nodes leaves through
   // its own NIC (NICs are not aggregated), shared with the GPUs mapped to that NIC.
   double max_intra_bytes = 0;
-  std::map<int, double> nic_bytes;
+  std::vector<std::pair<int, double>> nic_bytes;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const double share = static_cast<double>(bytes_per_rank[i]) / group_size;
-    const int same_node_peers = members_per_node[cluster_.node_of(ranks[i])] - 1;
+    const int same_node_peers = slot(members_per_node, cluster_.node_of(ranks[i]), 0) - 1;
     const double remote_peers = group_size - 1 - same_node_peers;
     max_intra_bytes = std::max(max_intra_bytes, share * same_node_peers);
-    nic_bytes[cluster_.nic_of(ranks[i])] += share * remote_peers;
+    slot(nic_bytes, cluster_.nic_of(ranks[i]), 0.0) += share * remote_peers;
   }
   double max_nic_bytes = 0;
   for (const auto& [nic, bytes] : nic_bytes) max_nic_bytes = std::max(max_nic_bytes, bytes);

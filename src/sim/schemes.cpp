@@ -27,39 +27,56 @@ struct GroupLayout {
   std::vector<std::vector<GroupChunk>> chunks;  ///< per position, ordered by sequence
 };
 
-/// Each member's position in group.ranks, indexed by rank (-1: not a member).
-std::vector<int> positions_by_rank(const AttentionGroup& group) {
-  const int last =
-      group.ranks.empty() ? -1 : *std::max_element(group.ranks.begin(), group.ranks.end());
-  std::vector<int> positions(static_cast<std::size_t>(last + 1), -1);
-  for (std::size_t i = 0; i < group.ranks.size(); ++i) {
-    positions[static_cast<std::size_t>(group.ranks[i])] = static_cast<int>(i);
+/// Each member's position in group.ranks, found by a scan from the last one found: a
+/// group's chunks mostly come in member order, so a lookup is O(1) on them and O(group)
+/// at worst, with no table indexed by rank (which cost a cluster-sized vector per group
+/// and pass at 1,024 GPUs).
+class MemberPositions {
+ public:
+  explicit MemberPositions(const AttentionGroup& group) : ranks_(group.ranks) {}
+  /// The position of the member holding a chunk on `rank`.
+  int operator()(int rank) {
+    const std::size_t size = ranks_.size();
+    for (std::size_t step = 0; step < size; ++step) {
+      const std::size_t position = (next_ + step) % size;
+      if (ranks_[position] == rank) {
+        next_ = position + 1 == size ? 0 : position + 1;
+        return static_cast<int>(position);
+      }
+    }
+    BALLAST_CHECK(false, "a validated plan has chunks on group ranks");
+    return -1;
   }
-  return positions;
-}
 
-/// The position of the member holding a chunk on `rank`.
-int position_of(const std::vector<int>& positions, int rank) {
-  const bool known = rank >= 0 && static_cast<std::size_t>(rank) < positions.size();
-  const int position = known ? positions[static_cast<std::size_t>(rank)] : -1;
-  BALLAST_CHECK(position >= 0, "a validated plan has chunks on group ranks");
-  return position;
-}
+ private:
+  const std::vector<int>& ranks_;
+  std::size_t next_ = 0;
+};
 
 GroupLayout layout_of(const AttentionGroup& group) {
-  const std::vector<int> position_of_rank = positions_by_rank(group);
+  MemberPositions position_of(group);
   GroupLayout layout;
   layout.tokens.assign(group.ranks.size(), 0);
   layout.chunks.resize(group.ranks.size());
   for (std::size_t s = 0; s < group.sequences.size(); ++s) {
     for (const Chunk& chunk : group.sequences[s].chunks) {
-      const int position = position_of(position_of_rank, chunk.rank);
+      const int position = position_of(chunk.rank);
       layout.tokens[position] += chunk.size();
       layout.chunks[position].push_back(
           {static_cast<int>(s), chunk.begin_tokens, chunk.end_tokens});
     }
   }
   return layout;
+}
+
+/// Tokens held by each position (layout_of's tokens, summed in the same order).
+std::vector<Tokens> member_tokens(const AttentionGroup& group) {
+  MemberPositions position_of(group);
+  std::vector<Tokens> tokens(group.ranks.size(), 0);
+  for (const SequenceChunks& sequence : group.sequences) {
+    for (const Chunk& chunk : sequence.chunks) tokens[position_of(chunk.rank)] += chunk.size();
+  }
+  return tokens;
 }
 
 std::vector<AttentionBlock> whole_documents(const AttentionGroup& group) {
@@ -83,7 +100,7 @@ Seconds attention_time_s(const CostModel& cost, const std::vector<AttentionBlock
 /// packed cluster only.
 std::vector<std::vector<DocumentRange>> member_spans(const BuildContext& ctx,
                                                      const AttentionGroup& group) {
-  const std::vector<int> position_of_rank = positions_by_rank(group);
+  MemberPositions position_of(group);
   std::vector<std::vector<DocumentRange>> spans(group.ranks.size());
   for (std::size_t s = 0; s < group.sequences.size(); ++s) {
     const SequenceChunks& sequence = group.sequences[s];
@@ -93,7 +110,7 @@ std::vector<std::vector<DocumentRange>> member_spans(const BuildContext& ctx,
     const Tokens length = ctx.sequence_lengths_tokens[id];
     for (const Chunk& chunk : sequence.chunks) {
       const Tokens end = std::min(chunk.end_tokens, length);
-      const int position = position_of(position_of_rank, chunk.rank);
+      const int position = position_of(chunk.rank);
       if (chunk.begin_tokens < end) {
         spans[position].push_back({static_cast<std::int64_t>(s), chunk.begin_tokens, end});
       }
@@ -160,9 +177,10 @@ int add_group_collective(BuildContext& ctx, const AttentionGroup& group, Seconds
                                   [&] { return fmt::format("{} {}", what, pass_name(pass)); });
 }
 
-std::vector<Bytes> bytes_per_member(const GroupLayout& layout, Bytes bytes_per_token) {
+std::vector<Bytes> bytes_per_member(const std::vector<Tokens>& member_tokens, Bytes bytes_per_token) {
   std::vector<Bytes> bytes;
-  for (Tokens tokens : layout.tokens) bytes.push_back(tokens * bytes_per_token);
+  bytes.reserve(member_tokens.size());
+  for (Tokens tokens : member_tokens) bytes.push_back(tokens * bytes_per_token);
   return bytes;
 }
 
@@ -173,7 +191,7 @@ std::vector<Bytes> bytes_per_member(const GroupLayout& layout, Bytes bytes_per_t
 /// (ulysses_qkv_bytes_per_token) and the dK, dV of the replicas come back the same way,
 /// summed by their owner as they arrive (an add per received element, not charged).
 void add_ulysses(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
-  const GroupLayout layout = layout_of(group);
+  const std::vector<Tokens> tokens = member_tokens(group);
   const Model& model = ctx.cost.model();
   const bool forward = pass == Pass::forward;
   const int size = static_cast<int>(group.ranks.size());
@@ -182,7 +200,7 @@ void add_ulysses(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const Bytes in_per_token = forward ? qkv_per_token : model.hidden_bytes_per_token();
   const Bytes out_per_token = forward ? model.hidden_bytes_per_token() : qkv_per_token;
   const int scatter = add_group_collective(
-      ctx, group, ctx.cost.all_to_all_time_s(group.ranks, bytes_per_member(layout, in_per_token)),
+      ctx, group, ctx.cost.all_to_all_time_s(group.ranks, bytes_per_member(tokens, in_per_token)),
       member_cursors(ctx, group), forward ? "all-to-all qkv" : "all-to-all dout", pass);
   Seconds compute_s = 0;
   if (tiles_packed(ctx)) {
@@ -202,7 +220,7 @@ void add_ulysses(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
     }));
   }
   const int gather = add_group_collective(
-      ctx, group, ctx.cost.all_to_all_time_s(group.ranks, bytes_per_member(layout, out_per_token)),
+      ctx, group, ctx.cost.all_to_all_time_s(group.ranks, bytes_per_member(tokens, out_per_token)),
       computes, forward ? "all-to-all out" : "all-to-all dqkv", pass);
   for (int rank : group.ranks) ctx.cursor[rank] = gather;
 }
@@ -210,7 +228,7 @@ void add_ulysses(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
 void add_all_gather(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const GroupLayout layout = layout_of(group);
   const std::vector<Bytes> kv_bytes =
-      bytes_per_member(layout, ctx.cost.model().kv_bytes_per_token());
+      bytes_per_member(layout.tokens, ctx.cost.model().kv_bytes_per_token());
   const Seconds gather_s = ctx.cost.all_gather_time_s(group.ranks, kv_bytes);
   const int size = static_cast<int>(group.ranks.size());
   // KV is gathered again in the backward pass (LLaMA-3 CP keeps no gathered copy).
@@ -268,8 +286,8 @@ struct RingSteps {
 /// dKV of block (i - j) (which it received from position i - 1, except for its own block
 /// at step 0) and sends it on during step j + 1; the last send takes each dKV home to
 /// its owner, where the ring ends (the ranks' cursors).
-void add_ring_steps(BuildContext& ctx, const RingSteps& ring,
-                    const std::function<Seconds(int, int)>& compute_s, Pass pass) {
+template <typename ComputeS>
+void add_ring_steps(BuildContext& ctx, const RingSteps& ring, const ComputeS& compute_s, Pass pass) {
   const int g = static_cast<int>(ring.ranks.size());
   const bool forward = pass == Pass::forward;
   const auto& ranks = ring.ranks;
@@ -329,7 +347,7 @@ void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const GroupLayout layout = layout_of(group);
   const int g = static_cast<int>(group.ranks.size());
   const RingSteps ring{group.ranks,
-                       bytes_per_member(layout, ctx.cost.model().kv_bytes_per_token()),
+                       bytes_per_member(layout.tokens, ctx.cost.model().kv_bytes_per_token()),
                        member_cursors(ctx, group),
                        group.routing_proxies,
                        group.routing_chunks,
@@ -374,10 +392,10 @@ void add_usp(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   stages.tokens.assign(static_cast<std::size_t>(r), 0);
   stages.chunks.resize(static_cast<std::size_t>(r));
   {
-    const std::vector<int> position_of_rank = positions_by_rank(group);
+    MemberPositions position_of(group);
     for (std::size_t s = 0; s < group.sequences.size(); ++s) {
       for (const Chunk& chunk : group.sequences[s].chunks) {
-        const int stage = stage_of(position_of(position_of_rank, chunk.rank));
+        const int stage = stage_of(position_of(chunk.rank));
         stages.tokens[stage] += chunk.size();
         stages.chunks[stage].push_back({static_cast<int>(s), chunk.begin_tokens, chunk.end_tokens});
       }
@@ -418,7 +436,7 @@ void add_usp(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
     for (int rank : stage_ranks(stage)) ctx.cursor[rank] = scatter;
   }
   const Bytes kv_per_token = usp_kv_bytes_per_token(model, tensor_parallel, u);
-  const std::vector<Bytes> block_bytes = bytes_per_member(stages, kv_per_token);
+  const std::vector<Bytes> block_bytes = bytes_per_member(stages.tokens, kv_per_token);
   // Every member m of a stage computes the same stage-against-stage steps: each (stage,
   // owner) is priced once, on first use, for the u rings.
   std::vector<Seconds> step_s(static_cast<std::size_t>(r) * r, -1.0);
@@ -463,7 +481,7 @@ void add_usp(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
 }
 
 int add_direct_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer,
-                        std::initializer_list<int> deps, const std::function<std::string()>& name) {
+                        std::initializer_list<int> deps, NameRef name) {
   return ctx.graph.add_transfer(src_rank, dst_rank, ctx.micro_batch,
                                 ctx.cost.p2p_time_s(bytes_per_layer, src_rank, dst_rank),
                                 ctx.cost.p2p_latency_s(src_rank, dst_rank),
@@ -485,7 +503,7 @@ Bytes routed_piece_bytes(Bytes part_bytes, int chunks, int piece) {
 /// the next one's dispatch and the previous one's combine. Empty parts send nothing.
 int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer,
                         int dep, int parts, int chunks,
-                        const std::function<std::string()>& name) {
+                        NameRef name) {
   BALLAST_CHECK(chunks >= 1, "a validated plan has routing_chunks >= 1");
   const Cluster& cluster = ctx.cost.cluster();
   std::vector<int> arrivals;
@@ -546,7 +564,7 @@ void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pa
 }
 
 int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
-            int routing_proxies, int routing_chunks, const std::function<std::string()>& name) {
+            int routing_proxies, int routing_chunks, NameRef name) {
   if (src_rank == dst_rank || bytes_per_layer <= 0) return dep;
   const int parts = routing_parts(ctx.cost.cluster(), routing_proxies, src_rank, dst_rank);
   if (parts == 1) {

@@ -2,9 +2,9 @@
 // Ulysses) and each point-to-point transfer (direct or routed) becomes tasks.
 #pragma once
 
-#include <functional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ballast/cost_model.hpp"
@@ -28,6 +28,26 @@ struct BuildContext {
 
 const char* pass_name(Pass pass);  ///< "fwd" or "bwd"
 
+/// A task's name, made on demand (only a graph that keeps names asks): a reference to a
+/// callable returning std::string that outlives the call, like the builders' lambdas. A
+/// std::function would copy each lambda, on the heap when it captures more than two
+/// references: tens of thousands of allocations a step at 1,024 GPUs.
+class NameRef {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, NameRef>>>
+  NameRef(const F& name)  // NOLINT(google-explicit-constructor): lambdas convert in calls
+      : object_(&name), call_(&call<F>) {}
+  std::string operator()() const { return call_(object_); }
+
+ private:
+  template <typename F>
+  static std::string call(const void* object) {
+    return (*static_cast<const F*>(object))();
+  }
+  const void* object_;
+  std::string (*call_)(const void*);
+};
+
 /// Adds one group's attention for `pass`, each member starting at its cursor, and moves
 /// the members' cursors to where the group ends on them.
 void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass);
@@ -38,7 +58,7 @@ void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pa
 /// whose end the data has arrived (`dep` itself for a same-rank or empty transfer, which
 /// is free).
 int add_p2p(BuildContext& ctx, int src_rank, int dst_rank, Bytes bytes_per_layer, int dep,
-            int routing_proxies, int routing_chunks, const std::function<std::string()>& name);
+            int routing_proxies, int routing_chunks, NameRef name);
 
 /// A time the transfer add_p2p builds (same arguments, on idle links from time 0) never
 /// ends before: its longest chain of tasks (the direct transfer; or part 0's, and for each
