@@ -3,6 +3,7 @@
 // then backward; then gradient sync.
 #include "program.hpp"
 
+#include <limits>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -128,13 +129,14 @@ class StepBuilder {
         graph_(graph),
         cursor_(static_cast<std::size_t>(plan.cluster.ranks()), -1) {}
 
-  int build(GradientSync gradient_sync) {
+  int build(GradientSync gradient_sync, Seconds stop_at_s) {
+    stop_at_s_ = stop_at_s;
     std::vector<int> backward_start = cursor_;
     std::vector<Seconds> backward_compute_s(cursor_.size(), 0.0);
     for (std::size_t m = 0; m < plan_.micro_batches.size(); ++m) {
       const int index = static_cast<int>(m);
       const MicroBatchLayout layout = layout_of(plan_.micro_batches[m], index, ranks());
-      add_pass(index, layout, Pass::forward);
+      if (!add_pass(index, layout, Pass::forward)) return kStepBuildStopped;
       backward_start = cursor_;
       const int first_backward_task = graph_.size();
       if (cost_.model().forward_passes() == 2) {
@@ -142,10 +144,10 @@ class StepBuilder {
         // pass, layer by layer; charged for all layers like every op, and counted as
         // backward time for the gradient buckets (gradients appear through both).
         graph_.set_name_suffix(" (recompute)");
-        add_pass(index, layout, Pass::forward);
+        if (!add_pass(index, layout, Pass::forward)) return kStepBuildStopped;
         graph_.set_name_suffix("");
       }
-      add_pass(index, layout, Pass::backward);
+      if (!add_pass(index, layout, Pass::backward)) return kStepBuildStopped;
       if (m + 1 < plan_.micro_batches.size()) continue;  // only the last one's matters
       for (int id = first_backward_task; id < graph_.size(); ++id) {
         const Task& task = graph_.task(id);
@@ -169,7 +171,12 @@ class StepBuilder {
     return {cost_, ports_, graph_, cursor_, micro_batch, plan_.sequence_lengths_tokens};
   }
 
-  void add_pass(int m, const MicroBatchLayout& layout, Pass pass) {
+  /// Whether the tasks so far already last past stop_at_s_ (their longest path).
+  bool stopped() const { return past_stop(graph_.longest_path_s(), stop_at_s_); }
+
+  /// Adds micro-batch m's pass; false when it stopped (stopped(), checked after each
+  /// attention group and at the end) with the rest not added.
+  bool add_pass(int m, const MicroBatchLayout& layout, Pass pass) {
     const double qkv_fraction = cost_.model().qkv_flops_fraction();
     const bool forward = pass == Pass::forward;
     if (forward) add_overhead(m, pass);
@@ -190,6 +197,7 @@ class StepBuilder {
     BuildContext ctx = context(m);
     for (int group : layout.group_order) {
       add_attention_group(ctx, plan_.micro_batches[m].groups[group], pass);
+      if (stopped()) return false;
     }
     add_remap(m, layout, pass, /*to_attention=*/false);
     add_linear(m, layout, pass, forward ? "linear out+mlp" : "linear qkv",
@@ -201,6 +209,7 @@ class StepBuilder {
       add_tensor_parallel(m, layout, 0, 1, "tensor parallel reduce-scatter bwd");
       add_overhead(m, pass);
     }
+    return !stopped();
   }
 
   /// The TP collectives of each rank with linear tokens (`all_gathers` and
@@ -361,13 +370,14 @@ class StepBuilder {
   const LinkPorts& ports_;
   TaskGraph& graph_;
   std::vector<int> cursor_;  ///< per rank: the task its next op waits for (-1: none)
+  Seconds stop_at_s_ = std::numeric_limits<Seconds>::infinity();  ///< build()'s stop
 };
 
 }  // namespace
 
 int build_step_program(const Plan& plan, const CostModel& cost, const LinkPorts& ports,
-                       GradientSync gradient_sync, TaskGraph& graph) {
-  return StepBuilder(plan, cost, ports, graph).build(gradient_sync);
+                       GradientSync gradient_sync, TaskGraph& graph, Seconds stop_at_s) {
+  return StepBuilder(plan, cost, ports, graph).build(gradient_sync, stop_at_s);
 }
 
 }  // namespace ballast::sim

@@ -210,7 +210,11 @@ Seconds simulate_step_time_s(const Plan& validated_plan, const CostModel& cost,
                              GradientSync gradient_sync, Seconds stop_at_s) {
   const sim::LinkPorts ports(validated_plan.cluster);
   sim::TaskGraph graph(/*keep_names=*/false);
-  sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph);
+  if (sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph, stop_at_s) ==
+      sim::kStepBuildStopped) {
+    ++sim::path_stop_count();
+    return sim::path_stop_answer_s(graph.longest_path_s(), stop_at_s);
+  }
   return graph.run_until(ports.count(), stop_at_s);
 }
 
@@ -218,7 +222,11 @@ PlanEvaluation simulate_evaluation(const Plan& validated_plan, const CostModel& 
                                    GradientSync gradient_sync, Seconds stop_at_s) {
   const sim::LinkPorts ports(validated_plan.cluster);
   sim::TaskGraph graph(/*keep_names=*/false);
-  sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph);
+  if (sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph, stop_at_s) ==
+      sim::kStepBuildStopped) {
+    ++sim::path_stop_count();
+    return {sim::path_stop_answer_s(graph.longest_path_s(), stop_at_s), {}, {}};
+  }
   PlanEvaluation evaluation{graph.run_until(ports.count(), stop_at_s), {}, {}};
   if (evaluation.step_time_s >= stop_at_s) return evaluation;
   std::vector<RankTimes> ranks(static_cast<std::size_t>(validated_plan.cluster.ranks()));

@@ -100,13 +100,15 @@ TaskGraph::TaskGraph(bool keep_names)
       tasks_(take_spare<Task>()),
       port_pool_(take_spare<int>()),
       party_pool_(take_spare<int>()),
-      edges_(take_spare<Edge>()) {}
+      edges_(take_spare<Edge>()),
+      path_end_s_(take_spare<Seconds>()) {}
 
 TaskGraph::~TaskGraph() {
   give_spare(tasks_);
   give_spare(port_pool_);
   give_spare(party_pool_);
   give_spare(edges_);
+  give_spare(path_end_s_);
 }
 
 int TaskGraph::add_task(TaskKind kind, int micro_batch, Seconds duration_s,
@@ -125,6 +127,8 @@ int TaskGraph::add_task(TaskKind kind, int micro_batch, Seconds duration_s,
   task.parties_end = static_cast<int>(party_pool_.size());
   const int id = static_cast<int>(tasks_.size());
   tasks_.push_back(task);
+  path_end_s_.push_back(duration_s);
+  longest_path_s_ = std::max(longest_path_s_, duration_s);
   for (int dep : deps) depend(id, dep);
   return id;
 }
@@ -134,6 +138,13 @@ void TaskGraph::depend(int task_id, int dep_id, Seconds delay_s) {
   BALLAST_CHECK(dep_id < task_id, "tasks depend only on earlier tasks");
   BALLAST_CHECK(delay_s >= 0, "dependency delays are non-negative");
   edges_.push_back({dep_id, task_id, delay_s});
+  // The task starts no earlier than this dependency's path end plus the delay (tasks that
+  // already depend on it keep their ends: a lower bound still).
+  const Seconds end_s = path_end_s_[dep_id] + delay_s + tasks_[task_id].duration_s;
+  if (end_s > path_end_s_[task_id]) {
+    path_end_s_[task_id] = end_s;
+    longest_path_s_ = std::max(longest_path_s_, end_s);
+  }
 }
 
 int TaskGraph::add_join(std::span<const int> deps) {
@@ -619,23 +630,17 @@ void TaskGraph::run(int port_count) {
 }
 
 Seconds TaskGraph::run_until(int port_count, Seconds stop_at_s) {
-  FlowSimulation simulation(tasks_, port_pool_, edges_, port_count, scanned_component_ports_);
-  // The paths are summed in another order than the run sums the same times (a path of n
-  // tasks may differ by n ulps, ~1e-12 relative): only a path past stop_at_s by kMargin
-  // stops the run, and what is returned is kMargin below it.
-  constexpr double kMargin = 1e-9;
   const bool bounded = path_stop_ && stop_at_s < std::numeric_limits<Seconds>::infinity();
-  if (bounded) {
-    const Seconds longest_s = simulation.bound_paths(stop_at_s * (1 + kMargin));
-    if (longest_s >= stop_at_s * (1 + kMargin)) {
-      ++path_stop_count();
-      return std::max(stop_at_s, longest_s * (1 - kMargin));
-    }
+  if (bounded && past_stop(longest_path_s_, stop_at_s)) {
+    ++path_stop_count();
+    return path_stop_answer_s(longest_path_s_, stop_at_s);
   }
+  FlowSimulation simulation(tasks_, port_pool_, edges_, port_count, scanned_component_ports_);
+  if (bounded) simulation.bound_paths(stop_at_s * (1 + kPathMargin));
   const int finished = simulation.run(stop_at_s);
   if (finished < size()) {
     if (simulation.path_reached_s() > 0) ++path_stop_count();
-    return std::max({stop_at_s, simulation.now_s(), simulation.path_reached_s() * (1 - kMargin)});
+    return std::max(simulation.now_s(), path_stop_answer_s(simulation.path_reached_s(), stop_at_s));
   }
   Seconds end_s = 0;
   for (const Task& task : tasks_) end_s = std::max(end_s, task.end_s);

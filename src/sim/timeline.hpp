@@ -51,6 +51,19 @@ class LinkPorts {
 /// the heap alone (the components of its steps average about 12 ports).
 constexpr std::size_t kScannedComponentPorts = 32;
 
+/// Paths are summed in another order than a run sums the same times (a path of n tasks
+/// may differ by n ulps, ~1e-12 relative): only a path past a stop by this share stops
+/// anything, and what is answered is this share below the path.
+constexpr double kPathMargin = 1e-9;
+/// Whether a step known to last at least `path_s` (a path) certainly ends at or after
+/// `stop_at_s`.
+inline bool past_stop(Seconds path_s, Seconds stop_at_s) { return path_s >= stop_at_s * (1 + kPathMargin); }
+/// What a run stopped by a path of `path_s` answers: a lower bound of the step that is at
+/// least `stop_at_s`.
+inline Seconds path_stop_answer_s(Seconds path_s, Seconds stop_at_s) {
+  return std::max(stop_at_s, path_s * (1 - kPathMargin));
+}
+
 /// run_until() calls of this thread stopped by a path (TaskGraph::set_path_stop).
 std::int64_t& path_stop_count();
 
@@ -154,6 +167,11 @@ class TaskGraph {
   void set_scanned_component_ports(std::size_t ports) { scanned_component_ports_ = ports; }
 
   int size() const { return static_cast<int>(tasks_.size()); }
+  /// The longest path through the tasks added so far, every task alone on idle links
+  /// (its duration) and every edge its delay: a lower bound of any run's step (contention
+  /// only delays tasks), kept as tasks and edges are added (exact when every edge into a
+  /// task is added before any edge out of it, as the step builder does).
+  Seconds longest_path_s() const { return longest_path_s_; }
   const Task& task(int id) const { return tasks_[id]; }
   std::span<const int> parties(int id) const;
   /// Empty unless the graph keeps names.
@@ -187,6 +205,8 @@ class TaskGraph {
   std::vector<int> port_pool_;
   std::vector<int> party_pool_;
   std::vector<Edge> edges_;
+  std::vector<Seconds> path_end_s_;  ///< per task: its end on the longest path to it
+  Seconds longest_path_s_ = 0;
   std::vector<int> join_scratch_;  ///< add_join's distinct dependencies
   std::vector<std::string> names_;          ///< names_[id] when keep_names_; joins get ""
   std::vector<const char*> categories_;     ///< categories_[id] when keep_names_

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <random>
@@ -14,6 +15,7 @@
 
 #include "ballast/simulator.hpp"
 #include "sim/sim_fixtures.hpp"
+#include "timeline.hpp"
 
 namespace ballast {
 namespace {
@@ -439,7 +441,9 @@ TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
   // against simulate(): the same step and rank times to the last bit; below a bound the
   // step itself (and evaluate_below() the rank times), at or above it a time between the
   // bound and the step (and no rank times). Routed rings (a800-roce: 2 GPUs per NIC), groups of any
-  // size, usp, several micro-batches; both gradient sync modes.
+  // size, usp, several micro-batches; both gradient sync modes. Low bounds stop on the
+  // tasks' paths (the build or the run), which must keep the same contract.
+  const std::int64_t path_stops_before = sim::path_stop_count();
   Cluster cluster = cluster_preset("a800-roce");
   cluster.nodes = 2;
   int stopped_early = 0;
@@ -499,6 +503,7 @@ TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
   }
   EXPECT_EQ(checked, 2 * 2 * 12 * 8);
   EXPECT_GT(stopped_early, 2 * 2 * 12);  // the stop runs, not only the full simulation
+  EXPECT_GT(sim::path_stop_count() - path_stops_before, 2 * 2 * 12);  // and the path stops
   EXPECT_GT(waits_in_sync, 0);
 }
 

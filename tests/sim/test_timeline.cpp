@@ -146,6 +146,38 @@ TEST(TaskGraphRandom, ReusedBuffersGiveTheSameTimelineToTheBit) {
   }
 }
 
+TEST(TaskGraph, LongestPathIsTheStepOfAGraphWithoutContention) {
+  // A compute task (1 s), a transfer after it (2 s alone, 0.5 s of it latency) and a
+  // collective on other ports after the transfer with a 0.25 s delay (3 s): 6.25 s on the
+  // longest path, which nothing shares, so the run takes exactly that; a join and a
+  // shorter branch (a 4 s compute from the start) change neither.
+  TaskGraph graph(/*keep_names=*/false);
+  const auto name = [] { return std::string(); };
+  const int first = graph.add_compute(0, 0, 1.0, {}, name);
+  EXPECT_EQ(graph.longest_path_s(), 1.0);
+  const int ports_a[] = {0, 1};
+  const int transfer = graph.add_transfer(0, 1, 0, 2.0, 0.5, ports_a, {first}, name);
+  EXPECT_EQ(graph.longest_path_s(), 3.0);
+  const int members[] = {0, 1};
+  const int ports_b[] = {2, 3};
+  const int none[] = {-1};
+  const int collective = graph.add_collective(members, 0, 3.0, ports_b, none, name);
+  graph.depend(collective, transfer, 0.25);
+  EXPECT_EQ(graph.longest_path_s(), 6.25);
+  const int side = graph.add_compute(1, 0, 4.0, {}, name);
+  const int ends[] = {collective, side};
+  graph.add_join(ends);
+  EXPECT_EQ(graph.longest_path_s(), 6.25);
+  TaskGraph run = graph;
+  EXPECT_EQ(run.run_until(4, std::numeric_limits<Seconds>::infinity()), 6.25);
+  // A stop the path passes answers without a run, at least the stop, at most the step.
+  TaskGraph stopped = graph;
+  const Seconds answer_s = stopped.run_until(4, 5.0);
+  EXPECT_GE(answer_s, 5.0);
+  EXPECT_LE(answer_s, 6.25);
+  EXPECT_GT(answer_s, 6.2);  // the path's, not the stop's
+}
+
 TEST(TaskGraphRandom, PathStopsKeepRunUntilsContract) {
   // run_until() with the path stops (no run when the longest path reaches the stop, or a
   // stop once a started task's path does) against the run without them (the reference):
@@ -161,6 +193,7 @@ TEST(TaskGraphRandom, PathStopsKeepRunUntilsContract) {
     full.run(port_count);
     Seconds step_s = 0;
     for (int id = 0; id < graph.size(); ++id) step_s = std::max(step_s, full.task(id).end_s);
+    ASSERT_LE(graph.longest_path_s(), step_s * (1 + 1e-12));  // a lower bound of the step
     for (const double fraction : {0.1, 0.5, 0.8, 0.95, 0.999, 1.0, 1.001, 1.2}) {
       SCOPED_TRACE(::testing::Message() << "seed " << seed << ", stop at " << fraction << " of the step");
       const Seconds stop_at_s = fraction * step_s;
