@@ -3,10 +3,10 @@
 // then backward; then gradient sync.
 #include "program.hpp"
 
-#include <limits>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <queue>
 

@@ -206,10 +206,13 @@ SimulationReport simulate_validated(const Plan& plan, const CostModel& cost,
   return report;
 }
 
-Seconds simulate_step_time_s(const Plan& validated_plan, const CostModel& cost,
-                             GradientSync gradient_sync, Seconds stop_at_s) {
-  const sim::LinkPorts ports(validated_plan.cluster);
-  sim::TaskGraph graph(/*keep_names=*/false);
+namespace {
+
+/// The plan's step built into `graph` and run until `stop_at_s` (TaskGraph::run_until's
+/// answer); a build that stopped on its tasks' path answers from that path, unrun.
+Seconds build_and_run_until(const Plan& validated_plan, const CostModel& cost,
+                            const sim::LinkPorts& ports, GradientSync gradient_sync,
+                            Seconds stop_at_s, sim::TaskGraph& graph) {
   if (sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph, stop_at_s) ==
       sim::kStepBuildStopped) {
     ++sim::path_stop_count();
@@ -218,16 +221,21 @@ Seconds simulate_step_time_s(const Plan& validated_plan, const CostModel& cost,
   return graph.run_until(ports.count(), stop_at_s);
 }
 
+}  // namespace
+
+Seconds simulate_step_time_s(const Plan& validated_plan, const CostModel& cost,
+                             GradientSync gradient_sync, Seconds stop_at_s) {
+  const sim::LinkPorts ports(validated_plan.cluster);
+  sim::TaskGraph graph(/*keep_names=*/false);
+  return build_and_run_until(validated_plan, cost, ports, gradient_sync, stop_at_s, graph);
+}
+
 PlanEvaluation simulate_evaluation(const Plan& validated_plan, const CostModel& cost,
                                    GradientSync gradient_sync, Seconds stop_at_s) {
   const sim::LinkPorts ports(validated_plan.cluster);
   sim::TaskGraph graph(/*keep_names=*/false);
-  if (sim::build_step_program(validated_plan, cost, ports, gradient_sync, graph, stop_at_s) ==
-      sim::kStepBuildStopped) {
-    ++sim::path_stop_count();
-    return {sim::path_stop_answer_s(graph.longest_path_s(), stop_at_s), {}, {}};
-  }
-  PlanEvaluation evaluation{graph.run_until(ports.count(), stop_at_s), {}, {}};
+  PlanEvaluation evaluation{
+      build_and_run_until(validated_plan, cost, ports, gradient_sync, stop_at_s, graph), {}, {}};
   if (evaluation.step_time_s >= stop_at_s) return evaluation;
   std::vector<RankTimes> ranks(static_cast<std::size_t>(validated_plan.cluster.ranks()));
   account_ranks(graph, evaluation.step_time_s, ranks, &evaluation.rank_time_before_sync_s);

@@ -298,27 +298,23 @@ class FlowSimulation {
   /// a transfer at full speed; each edge its delay). Contention only delays tasks (a
   /// transfer's rate is at most 1, a collective starts no earlier than it is ready), so a
   /// task started at t ends the step no sooner than t + its tail, and the run stops as
-  /// soon as one reaches `stop_at_s` (path_reached_s()). Returns the longest tail: the
-  /// step with no contention, a lower bound of any run's (run_until needs no run when it
-  /// reaches `stop_at_s`). O(tasks + edges): the tasks are in a topological order.
-  Seconds bound_paths(Seconds stop_at_s) {
+  /// soon as one is past_stop() of `stop_at_s` (path_reached_s()). O(tasks + edges): the
+  /// tasks are in a topological order.
+  void bound_paths(Seconds stop_at_s) {
     const int n = static_cast<int>(tasks_.size());
     tail_s_ = take_spare<Seconds>();
     tail_s_.assign(static_cast<std::size_t>(n), 0.0);
-    Seconds longest_s = 0;
     for (int id = n; id-- > 0;) {
       Seconds after_s = 0;
       for (int e = offsets_[id]; e < offsets_[id + 1]; ++e) {
         const Edge& edge = successors_[e];
         after_s = std::max(after_s, edge.delay_s + tail_s_[edge.dependent]);
       }
-      tail_s_[id] = std::max(0.0, tasks_[id].duration_s) + after_s;
-      longest_s = std::max(longest_s, tail_s_[id]);
+      tail_s_[id] = tasks_[id].duration_s + after_s;  // durations are >= 0 (add_task)
     }
     path_stop_s_ = stop_at_s;
-    return longest_s;
   }
-  /// Once a started task's start + tail reached the stop of bound_paths(): that sum (a
+  /// Once a started task's start + tail is past the stop of bound_paths(): that sum (a
   /// lower bound of the step); 0 before.
   Seconds path_reached_s() const { return path_reached_s_; }
 
@@ -400,7 +396,7 @@ class FlowSimulation {
   void start(int id, Seconds now_s) {
     Task& t = tasks_[id];
     t.start_s = now_s;
-    if (!tail_s_.empty() && now_s + tail_s_[id] >= path_stop_s_) {
+    if (!tail_s_.empty() && past_stop(now_s + tail_s_[id], path_stop_s_)) {
       path_reached_s_ = std::max(path_reached_s_, now_s + tail_s_[id]);
     }
     // A zero-time task moves no data: it neither waits for nor holds a port.
@@ -636,7 +632,7 @@ Seconds TaskGraph::run_until(int port_count, Seconds stop_at_s) {
     return path_stop_answer_s(longest_path_s_, stop_at_s);
   }
   FlowSimulation simulation(tasks_, port_pool_, edges_, port_count, scanned_component_ports_);
-  if (bounded) simulation.bound_paths(stop_at_s * (1 + kPathMargin));
+  if (bounded) simulation.bound_paths(stop_at_s);
   const int finished = simulation.run(stop_at_s);
   if (finished < size()) {
     if (simulation.path_reached_s() > 0) ++path_stop_count();

@@ -64,7 +64,8 @@ inline Seconds path_stop_answer_s(Seconds path_s, Seconds stop_at_s) {
   return std::max(stop_at_s, path_s * (1 - kPathMargin));
 }
 
-/// run_until() calls of this thread stopped by a path (TaskGraph::set_path_stop).
+/// Bounded evaluations of this thread stopped by a path: a step build that stopped
+/// (build_step_program) or a run_until() (TaskGraph::set_path_stop).
 std::int64_t& path_stop_count();
 
 /// Frees the buffers this thread keeps for its next simulations (timeline.cpp).
