@@ -132,6 +132,19 @@ class Planner {
   /// (SimulatorEvaluator in simulator.hpp is the usual one).
   virtual Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
                     const PlanEvaluator& evaluator) const = 0;
+  /// For a caller that keeps the plan only when its step is below `cap_s` (ballast's
+  /// portfolio): plan()'s plan when its step by `evaluator` is below `cap_s`; otherwise any
+  /// valid plan whose step is not (a planner that simulates candidates may stop each at the
+  /// cap). Default: plan().
+  virtual Plan plan_below(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+                          const PlanEvaluator& evaluator, Seconds cap_s) const {
+    static_cast<void>(cap_s);
+    return plan(batch, cost, options, evaluator);
+  }
+  /// A hint, as solves_milp(): true when planning with these options simulates candidates
+  /// (evaluator.step_time_below_s), so that plan_below() saves time; a caller running
+  /// several planners runs these last, capped by the best plan of the others.
+  virtual bool simulates_candidates(const PlannerOptions& /*options*/) const { return false; }
 };
 
 /// All registered planners in registration order.

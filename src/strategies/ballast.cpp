@@ -107,12 +107,26 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
   // them) is not simulated again here: the same steps and rank times, fewer simulations.
   const RememberingEvaluator remembering(evaluator, /*steps_too=*/true);
   std::optional<Plan> best;
+  std::size_t best_index = 0;
   std::vector<std::string> reasons(members.size());
-  for (std::size_t i = members.size(); i-- > 0;) {
+  // Last listed first, and those that simulate candidates (zeppelin) after the rest: each
+  // plans below the best so far (Planner::plan_below), where their simulations stop.
+  std::vector<std::size_t> order;
+  for (const bool simulating : {false, true}) {
+    for (std::size_t i = members.size(); i-- > 0;) {
+      if (members[i]->simulates_candidates(member) == simulating) order.push_back(i);
+    }
+  }
+  for (const std::size_t i : order) {
     const Planner* planner = members[i];
+    // A tie goes to the member listed first: for one listed before the best, the bound lets
+    // the best's own step through.
+    const Seconds bound_s = !best              ? kInfinity
+                            : i < best_index ? std::nextafter(best_evaluation.step_time_s, kInfinity)
+                                             : best_evaluation.step_time_s;
     Plan plan;
     try {
-      plan = planner->plan(batch, cost, member, remembering);
+      plan = planner->plan_below(batch, cost, member, remembering, bound_s);
     } catch (const PlanningError& error) {
       reasons[i] = fmt::format("{}: {}", planner->name(), error.what());
       continue;
@@ -121,12 +135,11 @@ Plan best_of_portfolio(const Batch& batch, const CostModel& cost, const PlannerO
       continue;
     }
     require_valid(plan, cost, fmt::format("{} (ballast's portfolio)", planner->name()));
-    // Listed before the best: a tie wins, so the bound lets the best's own step through.
-    const Seconds bound_s = best ? std::nextafter(best_evaluation.step_time_s, kInfinity) : kInfinity;
     PlanEvaluation evaluation = remembering.evaluate_below(plan, bound_s);
     if (evaluation.step_time_s >= bound_s) continue;
     best_evaluation = std::move(evaluation);
     best = std::move(plan);
+    best_index = i;
     winner = planner;
   }
   if (!best) {

@@ -112,12 +112,14 @@ class PricedCandidates {
     bool exact = false;
     std::string problem;  ///< the validation message when not valid
   };
-  PricedCandidates(const CostModel& cost, const PlanEvaluator& evaluator)
-      : cost_(&cost), evaluator_(&evaluator) {}
-  /// The candidate's price: exact when its step is below `bound_s`; otherwise the step or a
-  /// lower bound of it that is at least `bound_s` (the simulation stops there: a Fastest
-  /// keeps only a candidate faster than its best so far).
+  /// `cap_s`: every simulation stops there too (plan_zeppelin's cap; infinity: none).
+  PricedCandidates(const CostModel& cost, const PlanEvaluator& evaluator, Seconds cap_s)
+      : cost_(&cost), evaluator_(&evaluator), cap_s_(cap_s) {}
+  /// The candidate's price: exact when its step is below `bound_s` and the cap; otherwise
+  /// the step or a lower bound of it that is at least the smaller of the two (the
+  /// simulation stops there: a Fastest keeps only a candidate faster than its best so far).
   const Price& price(const Plan& plan, Seconds bound_s) {
+    bound_s = std::min(bound_s, cap_s_);
     Price* known = nullptr;
     for (auto& [micro_batches, price] : priced_) {
       if (micro_batches == plan.micro_batches) {
@@ -144,6 +146,7 @@ class PricedCandidates {
  private:
   const CostModel* cost_;
   const PlanEvaluator* evaluator_;
+  Seconds cap_s_;
   std::vector<std::pair<std::vector<MicroBatch>, Price>> priced_;
 };
 
@@ -220,9 +223,14 @@ void note_idle_gpus(Plan& plan, const std::string& reason) {
 
 }  // namespace
 
+std::int64_t& uncapped_replan_count() {
+  thread_local std::int64_t count = 0;
+  return count;
+}
+
 Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluator& evaluator,
                    const Switches& switches, std::optional<int> even_degree,
-                   const std::string& label) {
+                   const std::string& label, Seconds cap_s) {
   if (batch.lengths_tokens.empty()) return make_plan_skeleton(batch, cost, label);  // throws
   // Placements (docs/zeppelin.md, "Choosing among candidates"): what the placement balances
   // (attention + linear, or attention only for a remapped plan) and the straggler rule.
@@ -259,13 +267,44 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluato
   Seconds best_s = 0;
   std::size_t best_kind = 0;
   std::string first_problem;
-  PricedCandidates priced(cost, evaluator);
+  PricedCandidates priced(cost, evaluator, cap_s);
+  const bool capped = cap_s < std::numeric_limits<Seconds>::infinity();
   for (std::size_t kind = 0; kind < placements.size(); ++kind) {
     std::vector<Plan>& of_kind = placements[kind];
     Fastest fastest(priced);
     for (Plan& plan : of_kind) {
       finish_micro_batches(plan, cost, evaluator, switches.routing);
-      fastest.offer(remap_only ? with_remap(std::move(plan), cost) : std::move(plan));
+      if (remap_only) plan = with_remap(std::move(plan), cost);
+      fastest.offer(capped ? plan : std::move(plan));  // capped: kept for the check below
+    }
+    // Under a cap, a stage-1 winner at or past it was picked among stopped simulations, so
+    // it need not be the one stages 2 and 3 would start from without the cap. Those stages
+    // only derive plans from a stage-1 candidate (its unrouted twin, its remap, the twin's
+    // remap): when none of every candidate's is below the cap either, this kind ends at or
+    // past the cap with or without it (stages 2 and 3 are skipped); when one is, the plan
+    // is made again without the cap.
+    if (capped && fastest.best() && fastest.best_s() >= cap_s) {
+      const auto below_cap = [&](const Plan& derived) {
+        const PricedCandidates::Price& price = priced.price(derived, cap_s);
+        return price.valid && price.step_s < cap_s;
+      };
+      for (const Plan& candidate : of_kind) {
+        std::optional<Plan> twin;
+        if (switches.routing == Switches::Mode::auto_) twin = unrouted_twin(candidate);
+        const bool remap = switches.remap == Switches::Mode::auto_;
+        if ((twin && below_cap(*twin)) || (remap && below_cap(with_remap(candidate, cost))) ||
+            (twin && remap && below_cap(with_remap(*twin, cost)))) {
+          ++uncapped_replan_count();
+          return plan_zeppelin(batch, cost, evaluator, switches, even_degree, label);
+        }
+      }
+      if (first_problem.empty()) first_problem = fastest.first_problem();
+      if (!best) {
+        best = fastest.best();
+        best_s = fastest.best_s();
+        best_kind = kind;
+      }
+      continue;
     }
     if (fastest.best() && switches.routing == Switches::Mode::auto_) {
       if (std::optional<Plan> direct = unrouted_twin(*fastest.best())) {
@@ -382,14 +421,20 @@ class ZeppelinPlanner final : public Planner {
   }
   Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
             const PlanEvaluator& evaluator) const override {
+    return plan_below(batch, cost, options, evaluator, std::numeric_limits<Seconds>::infinity());
+  }
+  /// Each candidate's simulation stops at the cap (plan_zeppelin).
+  Plan plan_below(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
+                  const PlanEvaluator& evaluator, Seconds cap_s) const override {
     const Switches switches = switches_of(options);
     std::optional<int> even_degree;
     if (!switches.hierarchical) {  // TE CP's rings: static-cp's degree, fixed for the run
       make_plan_skeleton(batch, cost, name());  // input checks before degree selection
       even_degree = static_degree(batch, cost, options, Scheme::ring, name());
     }
-    return plan_zeppelin(batch, cost, evaluator, switches, even_degree, name());
+    return plan_zeppelin(batch, cost, evaluator, switches, even_degree, name(), cap_s);
   }
+  bool simulates_candidates(const PlannerOptions& /*options*/) const override { return true; }
 };
 
 }  // namespace

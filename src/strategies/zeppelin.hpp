@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -150,9 +151,15 @@ Plan even_plan(const Batch& batch, const CostModel& cost, std::optional<int> deg
                const std::string& label);
 
 /// The zeppelin planner's plan (strategy label `label`): the fastest valid candidate by
-/// `evaluator`, which also prices routed transfers.
+/// `evaluator`, which also prices routed transfers. With a finite `cap_s`
+/// (Planner::plan_below), the same plan when its step is below the cap; otherwise a valid
+/// plan whose step is not (each candidate's simulation stops at the cap).
 Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluator& evaluator,
                    const Switches& switches, std::optional<int> even_degree,
-                   const std::string& label);
+                   const std::string& label,
+                   Seconds cap_s = std::numeric_limits<Seconds>::infinity());
+/// How often plan_zeppelin on this thread planned again without its cap because a plan
+/// derived from a stage-1 candidate was below it (for tests).
+std::int64_t& uncapped_replan_count();
 
 }  // namespace ballast::strategies::zeppelin

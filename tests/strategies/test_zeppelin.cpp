@@ -461,5 +461,62 @@ TEST(ZeppelinPlacement, NoIdleGpuAndNeverSlowerThanNodeTotals) {
               idle_in_a_micro_batch, noted, worst_ratio);
 }
 
+TEST(ZeppelinPlanBelow, ThePlanBelowTheCapAndNoFasterOneAtOrPastIt) {
+  // plan_below(cap) (ballast's portfolio caps zeppelin by the best plan of the others): the
+  // plan of plan() whenever its step is below the cap, and otherwise a valid plan whose
+  // step is not below it. Caps just above the step make a plan that stages 2 or 3 derived
+  // (an unrouted twin, a remap) beat every stage-1 candidate's capped price: those runs
+  // must plan again without the cap (the count below).
+  struct Setup {
+    std::string cluster;
+    int nodes;
+    std::string model;
+  };
+  const std::vector<Setup> setups = {{"a800-roce", 4, "llama-7b"}, {"h100", 2, "llama-13b"},
+                                     {"h200", 2, "llama-3b"}};
+  std::uint64_t state = 2026;
+  const std::int64_t replans_before = uncapped_replan_count();
+  int same = 0, capped = 0;
+  for (const Setup& setup : setups) {
+    const auto cost = make_cost(setup.cluster, setup.nodes, setup.model);
+    const SimulatorEvaluator evaluator(*cost);
+    const Tokens capacity = usable_tokens_per_rank(*cost, Scheme::ring, 2);
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<Tokens> lengths;
+      Tokens total = 0;
+      const Tokens budget = (trial % 2 + 1) * cost->cluster().ranks() * capacity / 3;
+      while (total < budget) {
+        const double unit = static_cast<double>(splitmix64_next(state) >> 11) * 0x1.0p-53;
+        const auto length = std::clamp<Tokens>(static_cast<Tokens>(std::exp(unit * std::log(131072.0))), 1, 131072);
+        lengths.push_back(length);
+        total += length;
+      }
+      const Batch batch = make_batch(lengths, 0);
+      for (const char* text : {"zeppelin", "zeppelin:remap=on", "zeppelin:partition=even"}) {
+        SCOPED_TRACE(::testing::Message() << setup.cluster << " " << setup.model << ", trial " << trial
+                                          << ", " << text);
+        const StrategySpec spec = parse_strategy_spec(text);
+        const Plan plan = spec.planner->plan(batch, *cost, spec.options, evaluator);
+        const Seconds step_s = evaluator.step_time_s(plan);
+        for (const Seconds cap_s : {0.9 * step_s, step_s, std::nextafter(step_s, 1e300), 1.1 * step_s}) {
+          const Plan below = spec.planner->plan_below(batch, *cost, spec.options, evaluator, cap_s);
+          if (step_s < cap_s) {
+            EXPECT_TRUE(plan_to_string(below) == plan_to_string(plan)) << "cap " << cap_s / step_s << " x the step";
+            ++same;
+          } else {
+            const ValidationResult validation = validate(below, *cost);
+            ASSERT_TRUE(validation.ok) << validation.message;
+            EXPECT_GE(evaluator.step_time_s(below), cap_s);
+            ++capped;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(same, 72);
+  EXPECT_EQ(capped, 72);
+  EXPECT_GT(uncapped_replan_count() - replans_before, 0);
+}
+
 }  // namespace
 }  // namespace ballast::strategies::zeppelin
