@@ -2,7 +2,10 @@
 // each micro-batch solved by FlexSP's bucketed MILP (flexsp) or the fast planner
 // (flexsp-fast), materialised to concrete sequences and placed buddy-aligned.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -16,6 +19,9 @@ namespace {
 
 /// FlexSP tries M_min .. M_min + kExtraMicroBatches micro-batches (SYSTEMS.md section 2).
 constexpr std::size_t kExtraMicroBatches = 4;
+/// Relative margin by which the makespans solved so far must pass the best M's step before
+/// an M is given up (plan_flexsp): far above the rounding of a sum of a few thousand terms.
+constexpr double kSolvedSumMargin = 1e-9;
 
 /// How one micro-batch is solved.
 struct SolverChoice {
@@ -138,6 +144,85 @@ MicroBatch place(const GroupCosts& costs, ConcreteMicroBatch solved, const Plan&
   return micro_batch;
 }
 
+}  // namespace
+
+bool& give_up_losing_micro_batch_counts() {
+  thread_local bool give_up = true;
+  return give_up;
+}
+
+std::int64_t& given_up_micro_batch_counts() {
+  thread_local std::int64_t count = 0;
+  return count;
+}
+
+SequenceTimes sequence_times(const GroupCosts& costs, std::span<const Tokens> ascending) {
+  SequenceTimes times;
+  const std::size_t degrees = costs.degree_count();
+  for (std::size_t i = 0; i < ascending.size(); ++i) {
+    if (i > 0 && ascending[i] == ascending[i - 1]) continue;
+    times.first.push_back(i);
+    for (std::size_t k = 0; k < degrees; ++k) {
+      times.time_s.push_back(ascending[i] <= costs.at(k).capacity_tokens
+                                 ? costs.sequence_s(ascending[i], k)
+                                 : std::numeric_limits<Seconds>::infinity());
+    }
+  }
+  return times;
+}
+
+Seconds makespan_floor_s(const GroupCosts& costs, const SequenceTimes& times, std::size_t begin,
+                         std::size_t end) {
+  const std::size_t degrees = costs.degree_count();
+  // The runs of equal lengths that meet [begin, end), with how many sequences of each.
+  const auto run_end = [&](std::size_t r) {
+    return r + 1 < times.first.size() ? times.first[r + 1] : std::numeric_limits<std::size_t>::max();
+  };
+  std::size_t r = static_cast<std::size_t>(
+      std::upper_bound(times.first.begin(), times.first.end(), begin) - times.first.begin() - 1);
+  std::vector<std::pair<std::size_t, double>> runs;
+  for (std::size_t i = begin; i < end; r++) {
+    const std::size_t stop = std::min(end, run_end(r));
+    runs.emplace_back(r, static_cast<double>(stop - i));
+    i = stop;
+  }
+  Seconds low_s = 0;
+  for (const auto& [run, count] : runs) {
+    Seconds alone_s = std::numeric_limits<Seconds>::infinity();
+    for (std::size_t k = 0; k < degrees; ++k) {
+      alone_s = std::min(alone_s, costs.at(k).fixed_s + times.time_s[run * degrees + k]);
+    }
+    low_s = std::max(low_s, alone_s);
+  }
+  const auto overfull = [&](Seconds target_s) {  // the fluid share of the ranks > 1
+    double ranks = 0;
+    for (const auto& [run, count] : runs) {
+      double share = std::numeric_limits<double>::infinity();
+      for (std::size_t k = 0; k < degrees; ++k) {
+        const Seconds room_s = target_s - costs.at(k).fixed_s;
+        const Seconds time_s = times.time_s[run * degrees + k];
+        if (time_s <= room_s) share = std::min(share, costs.at(k).degree * time_s / room_s);
+      }
+      ranks += share * count;
+    }
+    return ranks > costs.ranks();
+  };
+  if (!std::isfinite(low_s) || !(low_s > 0) || !overfull(low_s)) return low_s;
+  // The share falls towards 0 as T grows (every run fits some degree): doubling ends.
+  Seconds high_s = 2 * low_s;
+  while (overfull(high_s)) {
+    low_s = high_s;
+    high_s *= 2;
+  }
+  while (high_s - low_s > kMakespanFloorPrecision * high_s) {
+    const Seconds middle_s = 0.5 * (low_s + high_s);
+    (overfull(middle_s) ? low_s : high_s) = middle_s;
+  }
+  return low_s;
+}
+
+namespace {
+
 Plan plan_flexsp(const Batch& batch, const CostModel& cost, const SolverChoice& choice,
                  const std::string& strategy) {
   Plan plan = make_plan_skeleton(batch, cost, strategy);
@@ -154,6 +239,7 @@ Plan plan_flexsp(const Batch& batch, const CostModel& cost, const SolverChoice& 
   std::vector<Tokens> lengths;
   for (std::int64_t id : ids) lengths.push_back(batch.lengths_tokens[static_cast<std::size_t>(id)]);
   const std::size_t n = lengths.size();
+  const SequenceTimes times = sequence_times(costs, lengths);
   const Tokens total_tokens = std::accumulate(lengths.begin(), lengths.end(), Tokens{0});
   const auto min_micro_batches = static_cast<std::size_t>(std::max<Tokens>(
       1, (total_tokens + costs.cluster_capacity_tokens() - 1) / costs.cluster_capacity_tokens()));
@@ -164,19 +250,40 @@ Plan plan_flexsp(const Batch& batch, const CostModel& cost, const SolverChoice& 
   for (std::size_t m = std::min(min_micro_batches, n);
        m <= n && (m <= min_micro_batches + kExtraMicroBatches || best.empty()); ++m) {
     const std::vector<std::size_t> starts = min_max_token_split(lengths, m);
-    std::vector<ConcreteMicroBatch> candidate;
-    Seconds time_s = 0;
+    const auto end_of = [&](std::size_t b) { return b + 1 < m ? starts[b + 1] : n; };
+    // An M whose micro-batches cannot beat the best M's step is given up before all are
+    // solved: the micro-batches are solved last first (the longest sequences, the longest
+    // makespans), and once those solved plus the others' floors (makespan_floor_s) pass
+    // the best step, the rest are not. The margin covers the sums' rounding (taken in
+    // another order than the step's, below: n terms differ by at most n ulps).
+    const bool give_up = !best.empty() && give_up_losing_micro_batch_counts();
+    std::vector<Seconds> floor_s(m, 0.0);
+    Seconds unsolved_floor_s = 0;
+    if (give_up) {
+      for (std::size_t b = 0; b < m; ++b) {
+        floor_s[b] = makespan_floor_s(costs, times, starts[b], end_of(b));
+        unsolved_floor_s += floor_s[b];
+      }
+    }
+    std::vector<ConcreteMicroBatch> candidate(m);
+    Seconds solved_s = 0;
     bool feasible = true;
-    for (std::size_t b = 0; b < m && feasible; ++b) {
+    for (std::size_t b = m; b-- > 0 && feasible;) {
+      if (give_up && solved_s + unsolved_floor_s > best_time_s * (1 + kSolvedSumMargin)) {
+        ++given_up_micro_batch_counts();
+        feasible = false;
+        break;
+      }
       const std::size_t begin = starts[b];
-      const std::size_t end = b + 1 < m ? starts[b + 1] : n;
-      candidate.push_back(solve_micro_batch(costs, choice,
-                                            std::span(ids).subspan(begin, end - begin),
-                                            std::span(lengths).subspan(begin, end - begin)));
-      feasible = !candidate.back().groups.empty();  // else this M cannot run
-      time_s += candidate.back().makespan_s;
+      candidate[b] = solve_micro_batch(costs, choice, std::span(ids).subspan(begin, end_of(b) - begin),
+                                       std::span(lengths).subspan(begin, end_of(b) - begin));
+      feasible = !candidate[b].groups.empty();  // else this M cannot run
+      solved_s += candidate[b].makespan_s;
+      unsolved_floor_s -= floor_s[b];
     }
     if (!feasible) continue;
+    Seconds time_s = 0;
+    for (const ConcreteMicroBatch& micro_batch : candidate) time_s += micro_batch.makespan_s;
     if (best.empty() || time_s < best_time_s) {
       best = std::move(candidate);
       best_time_s = time_s;

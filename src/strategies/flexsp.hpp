@@ -148,6 +148,35 @@ Buckets bucketize(std::span<const Tokens> sorted_lengths, Tokens capacity_tokens
 /// Every distinct length its own item (the per-sequence MILP).
 Buckets exact_items(std::span<const Tokens> sorted_lengths);
 
+/// A batch's sequences (ascending) as the group-cost model sees them: runs of equal
+/// lengths, and per run and degree index a sequence's time in such a group (fixed part
+/// excluded; infinity where the group cannot hold it).
+struct SequenceTimes {
+  std::vector<std::size_t> first;  ///< per run of equal lengths: its first position
+  std::vector<Seconds> time_s;     ///< per run, degree_count() values
+};
+SequenceTimes sequence_times(const GroupCosts& costs, std::span<const Tokens> ascending);
+
+/// Relative precision of makespan_floor_s()'s search: the floor is at most that far below
+/// the least makespan the fluid bound allows (a floor need not be tight).
+inline constexpr double kMakespanFloorPrecision = 1e-4;
+
+/// A makespan no solution of the sequences at positions [begin, end) of `times` beats,
+/// by the group-cost model both solvers' plans are timed with (a group of degree d takes
+/// fixed_s plus its sequences' times, and the groups' degrees sum to at most the ranks):
+/// the larger of the slowest sequence alone in its best group and the least T at which
+/// the sequences fit the ranks fluidly (each takes d x its time / (T - fixed_s) of the
+/// ranks in its best degree; a group done by T fills at most d ranks so), as
+/// FastPlanner::makespan_bound_s. plan_flexsp gives up on a micro-batch count with it.
+Seconds makespan_floor_s(const GroupCosts& costs, const SequenceTimes& times, std::size_t begin,
+                         std::size_t end);
+
+/// Whether plan_flexsp gives up on a micro-batch count that cannot beat the best one
+/// (on by default; off is the reference the tests compare with), and how many it gave
+/// up on this thread.
+bool& give_up_losing_micro_batch_counts();
+std::int64_t& given_up_micro_batch_counts();
+
 // ---- solvers ----
 
 struct MilpOptions {

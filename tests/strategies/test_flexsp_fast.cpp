@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "ballast/plan.hpp"
+#include "ballast/simulator.hpp"
+#include "ballast/strategy.hpp"
 #include "ballast/workload.hpp"
 #include "fake_cost.hpp"
 #include "flexsp.hpp"
@@ -321,6 +324,90 @@ TEST(FlexSpFast, FewSequencesWithTwoWayGroupsLeaveGpusIdle) {
   int gpus = 0;
   for (const SolvedGroup& group : fast.groups) gpus += costs.at(group.degree_index).degree;
   EXPECT_LT(gpus, costs.ranks());
+}
+
+// ---- plan_flexsp: the makespan floor and the micro-batch counts it gives up on ----
+
+TEST(FlexSpFloor, NeverAboveTheOptimumOrTheFastPlan) {
+  // makespan_floor_s() against the exhaustive optimum of small micro-batches (no solver's
+  // plan is below it) and against the fast planner's plan of sub-ranges of realistic
+  // batches; and not a useless floor: on average within 25% of the optimum.
+  int compared = 0;
+  double ratio_sum = 0;
+  for (const auto& cost : {fake_cost(8), preset_cost("flexsp-a100-192k", "a100-ib400", 1, "gpt-7b"),
+                           preset_cost("analytical", "h100", 2, "llama3-8b")}) {
+    const GroupCosts costs(*cost);
+    for (std::uint64_t seed = 0; seed < 40; ++seed) {
+      const std::vector<Tokens> lengths = random_lengths(seed, costs, 12);
+      const Solution exact = solve_exhaustive(costs, exact_items(lengths).problem);
+      if (!exact.feasible()) continue;
+      SCOPED_TRACE(::testing::Message() << cost->name() << ", seed " << seed);
+      const Seconds floor_s = makespan_floor_s(costs, sequence_times(costs, lengths), 0, lengths.size());
+      EXPECT_LE(floor_s, exact.makespan_s * (1 + 1e-12));
+      EXPECT_GT(floor_s, 0);
+      ratio_sum += floor_s / exact.makespan_s;
+      ++compared;
+    }
+  }
+  ASSERT_GE(compared, 60);
+  EXPECT_GE(ratio_sum / compared, 0.75);
+  const auto cost = h100_llama_64_gpus();
+  const GroupCosts costs(*cost);
+  std::uint64_t state = 7;
+  for (std::uint64_t offset : {0u, 300000u, 600000u}) {
+    const std::vector<Tokens> lengths = dataset_batch("wlbllm", SamplingOrder::random, offset, 512, kLlamaContextTokens);
+    const SequenceTimes times = sequence_times(costs, lengths);
+    for (int range = 0; range < 6; ++range) {
+      std::size_t begin = uniform_below(state, lengths.size());
+      std::size_t end = begin + 1 + uniform_below(state, lengths.size() - begin);
+      const std::vector<Tokens> slice(lengths.begin() + static_cast<std::ptrdiff_t>(begin),
+                                      lengths.begin() + static_cast<std::ptrdiff_t>(end));
+      const Solution fast = solve_fast(costs, exact_items(slice).problem);
+      if (!fast.feasible()) continue;
+      EXPECT_LE(makespan_floor_s(costs, times, begin, end), fast.makespan_s * (1 + 1e-12))
+          << "offset " << offset << ", sequences " << begin << ".." << end;
+    }
+  }
+}
+
+TEST(FlexSpPlan, GivingUpOnLosingMicroBatchCountsKeepsThePlan) {
+  // plan_flexsp gives up on a micro-batch count once its solved micro-batches plus the
+  // others' floors pass the best count's step; the reference solves every micro-batch of
+  // every count. Same plans (flexsp-fast on realistic batches of three setups, flexsp's
+  // MILP on small ones), and the give-ups happen.
+  const std::int64_t given_up_before = given_up_micro_batch_counts();
+  const auto plan_both = [](const char* strategy, const Batch& batch, const CostModel& cost) {
+    const StrategySpec spec = parse_strategy_spec(strategy);
+    const SimulatorEvaluator evaluator(cost);
+    give_up_losing_micro_batch_counts() = false;
+    const std::string reference = plan_to_string(spec.planner->plan(batch, cost, spec.options, evaluator));
+    give_up_losing_micro_batch_counts() = true;
+    const std::string plan = plan_to_string(spec.planner->plan(batch, cost, spec.options, evaluator));
+    EXPECT_TRUE(plan == reference) << strategy << ", " << batch.lengths_tokens.size() << " sequences";
+  };
+  struct Setup {
+    std::unique_ptr<CostModel> cost;
+    const char* dataset;
+    Tokens context_tokens;
+  };
+  std::vector<Setup> setups;
+  setups.push_back({h100_llama_64_gpus(), "wlbllm", kLlamaContextTokens});
+  setups.push_back({flexsp_7b_64_gpus(), "wikipedia", kFlexSpContextTokens});
+  setups.push_back({preset_cost("analytical", "a800-roce", 4, "llama-13b"), "wlbllm", 64 * 1024});
+  for (const Setup& setup : setups) {
+    for (std::uint64_t offset : {0u, 200000u, 400000u, 600000u}) {
+      for (std::int64_t sequences : {96, 512}) {
+        plan_both("flexsp-fast", make_batch(dataset_batch(setup.dataset, SamplingOrder::random, offset,
+                                                          sequences, setup.context_tokens)),
+                  *setup.cost);
+      }
+    }
+  }
+  const auto small = preset_cost("analytical", "h100", 1, "llama-7b");
+  for (std::uint64_t offset : {0u, 500000u}) {
+    plan_both("flexsp", make_batch(dataset_batch("wlbllm", SamplingOrder::random, offset, 24, 32 * 1024)), *small);
+  }
+  EXPECT_GT(given_up_micro_batch_counts() - given_up_before, 20);
 }
 
 }  // namespace
