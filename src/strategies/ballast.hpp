@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "ballast/cost_model.hpp"
@@ -42,14 +43,20 @@ GroupEstimate estimate_group(const AttentionGroup& group, const CostModel& cost,
 
 /// A micro-batch's estimate: per rank, its time; the micro-batch takes the largest.
 struct MicroBatchEstimate {
-  std::vector<GroupEstimate> groups;  ///< parallel to MicroBatch::groups
+  /// Parallel to MicroBatch::groups; shared with the estimates that reuse them (a
+  /// candidate's unchanged groups), never changed once made.
+  std::vector<std::shared_ptr<const GroupEstimate>> groups;
   std::vector<Seconds> rank_time_s;   ///< per rank of the cluster; 0 for a rank left idle
   Seconds time_s = 0;
+  bool remapped = false;  ///< the micro-batch has a linear layout (Zeppelin's remap)
 };
 
 /// `origin[g]` >= 0 says group g of `micro_batch` equals group origin[g] of the micro-batch
 /// `previous` was made for (its cached estimate is reused); -1 (or an empty `origin`, or
-/// no `previous`) prices the group afresh.
+/// no `previous`) prices the group afresh. With `previous` and no linear layout in either
+/// micro-batch, a rank none of whose groups changed (every group holding it kept, none
+/// added or erased on it) keeps its time from `previous`: the same terms summed in the
+/// same order, so the same time to the bit (BallastEstimate.IncrementalEqualsFromScratch).
 MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const CostModel& cost,
                                         const PlanEvaluator& evaluator,
                                         const MicroBatchEstimate* previous = nullptr,

@@ -313,20 +313,45 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
                                         const std::vector<int>& origin) {
   const int ranks = cost.cluster().ranks();
   MicroBatchEstimate estimate;
+  estimate.remapped = !micro_batch.linear_layout.empty();
   estimate.rank_time_s.assign(static_cast<std::size_t>(ranks), 0.0);
+  estimate.groups.reserve(micro_batch.groups.size());
+  // Ranks whose time is made afresh: all of them, or with a previous estimate of an
+  // unremapped micro-batch (and none now) only those a changed group holds.
+  const bool incremental = previous != nullptr && !previous->remapped && !estimate.remapped &&
+                           previous->rank_time_s.size() == estimate.rank_time_s.size();
+  std::vector<bool> fresh(static_cast<std::size_t>(ranks), !incremental);
+  if (incremental) {
+    std::vector<bool> kept(previous->groups.size(), false);
+    for (std::size_t g = 0; g < micro_batch.groups.size(); ++g) {
+      const int from = g < origin.size() ? origin[g] : -1;
+      if (from >= 0) {
+        kept[static_cast<std::size_t>(from)] = true;
+      } else {
+        for (int rank : micro_batch.groups[g].ranks) fresh[static_cast<std::size_t>(rank)] = true;
+      }
+    }
+    for (std::size_t g = 0; g < kept.size(); ++g) {
+      if (kept[g]) continue;
+      for (int rank : previous->groups[g]->ranks) fresh[static_cast<std::size_t>(rank)] = true;
+    }
+  }
   std::vector<Tokens> linear_tokens(static_cast<std::size_t>(ranks), 0);
   std::vector<bool> participates(static_cast<std::size_t>(ranks), false);
   for (std::size_t g = 0; g < micro_batch.groups.size(); ++g) {
     const AttentionGroup& group = micro_batch.groups[g];
     const int from = previous != nullptr && g < origin.size() ? origin[g] : -1;
     estimate.groups.push_back(from >= 0 ? previous->groups[static_cast<std::size_t>(from)]
-                                        : estimate_group(group, cost, evaluator));
-    const GroupEstimate& priced = estimate.groups.back();
+                                        : std::make_shared<const GroupEstimate>(
+                                              estimate_group(group, cost, evaluator)));
+    const GroupEstimate& priced = *estimate.groups.back();
     for (std::size_t i = 0; i < priced.ranks.size(); ++i) {
-      estimate.rank_time_s[static_cast<std::size_t>(priced.ranks[i])] += priced.member_time_s[i];
-      participates[static_cast<std::size_t>(priced.ranks[i])] = true;
+      const auto rank = static_cast<std::size_t>(priced.ranks[i]);
+      if (!fresh[rank]) continue;
+      estimate.rank_time_s[rank] += priced.member_time_s[i];
+      participates[rank] = true;
     }
-    if (!micro_batch.linear_layout.empty()) continue;
+    if (estimate.remapped) continue;
     for (const SequenceChunks& sequence : group.sequences) {
       for (const Chunk& chunk : sequence.chunks) linear_tokens[static_cast<std::size_t>(chunk.rank)] += chunk.size();
     }
@@ -336,7 +361,7 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
   }
   const Model& model = cost.model();
   const double forward_passes = pass_count(model, Pass::forward);
-  if (!micro_batch.linear_layout.empty()) {
+  if (estimate.remapped) {
     // Each remap (to attention and back, every pass): a rank sends and receives its
     // flows one after another on its ports; it waits for the longer direction.
     std::map<std::pair<int, int>, Tokens> moved;  // (linear rank, attention rank)
@@ -359,13 +384,17 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
                              cost.micro_batch_overhead_s(Pass::backward);
   for (int rank = 0; rank < ranks; ++rank) {
     const auto r = static_cast<std::size_t>(rank);
-    if (linear_tokens[r] > 0) participates[r] = true;
-    // Every rank pays the overhead, as in the simulator (sim/program.cpp).
-    estimate.rank_time_s[r] += overhead_s;
-    if (participates[r]) {
-      estimate.rank_time_s[r] += forward_passes * cost.linear_time_s(linear_tokens[r], Pass::forward) +
-                                 cost.linear_time_s(linear_tokens[r], Pass::backward) +
-                                 cost.linear_collectives_time_s(linear_tokens[r]);
+    if (!fresh[r]) {
+      estimate.rank_time_s[r] = previous->rank_time_s[r];
+    } else {
+      if (linear_tokens[r] > 0) participates[r] = true;
+      // Every rank pays the overhead, as in the simulator (sim/program.cpp).
+      estimate.rank_time_s[r] += overhead_s;
+      if (participates[r]) {
+        estimate.rank_time_s[r] += forward_passes * cost.linear_time_s(linear_tokens[r], Pass::forward) +
+                                   cost.linear_time_s(linear_tokens[r], Pass::backward) +
+                                   cost.linear_collectives_time_s(linear_tokens[r]);
+      }
     }
     estimate.time_s = std::max(estimate.time_s, estimate.rank_time_s[r]);
   }

@@ -169,6 +169,7 @@ TEST(BallastEstimate, IncrementalEqualsFromScratch) {
             const MicroBatchEstimate scratch = estimate_micro_batch(edit.micro_batch, cost, evaluator);
             ASSERT_EQ(incremental.rank_time_s, scratch.rank_time_s)
                 << setup.label << " " << planner->name() << " " << move_name(move.kind);
+            ASSERT_EQ(incremental.time_s, scratch.time_s);
             ++moves_checked;
           }
         }
