@@ -353,8 +353,7 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
       for (const MicroBatchEdit& edit : moves[i].edits) {
         const auto m = static_cast<std::size_t>(edit.index);
         const bool appended = m >= raw.micro_batches.size();
-        priced[i].push_back(estimate_micro_batch(edit.micro_batch, cost, evaluator,
-                                                 appended ? nullptr : &raw.micro_batches[m], edit.origin));
+        priced[i].push_back(estimate_edit(edit, cost, evaluator, appended ? nullptr : &raw.micro_batches[m]));
         const MicroBatchEstimate candidate = anchored(priced[i].back(), offsets_of(edit.index));
         step_s[i] += candidate.time_s - (appended ? 0.0 : estimate.micro_batches[m].time_s);
         freed_s[i] += (appended ? 0.0 : rank_time_sum_s(estimate.micro_batches[m])) - rank_time_sum_s(candidate);

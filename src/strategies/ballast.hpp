@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <memory>
 #include <vector>
@@ -88,13 +89,31 @@ MicroBatchEstimate anchored(MicroBatchEstimate estimate, const std::vector<Secon
 /// Every micro-batch anchored with its offsets (rank_offsets() of a simulation of the plan).
 PlanEstimate anchored(const PlanEstimate& estimate, const RankOffsets& offsets);
 
-/// A candidate: micro-batch `index` replaced by `micro_batch`, whose group g is the old
-/// group origin[g] (or new: -1).
+/// A candidate: micro-batch `index` of a plan replaced by one whose group g is the plan's
+/// group origin[g] of that micro-batch, kept where it is (`base`, not copied), or, where
+/// origin[g] is -1, the new group added[added_index[g]]. The plan must outlive the edit
+/// (a move is priced and applied while the plan it was made from stands).
 struct MicroBatchEdit {
   int index = 0;
-  MicroBatch micro_batch;
-  std::vector<int> origin;
+  const MicroBatch* base = nullptr;  ///< the plan's micro-batch `index`; null: appended
+  std::vector<int> origin;           ///< per group: its index in `base`, or -1
+  std::vector<int> added_index;      ///< per group: its index in `added`, or -1
+  std::deque<AttentionGroup> added;  ///< a deque: growing it moves no group
+  std::vector<std::vector<int>> queues;  ///< MicroBatch::queues of the result
+  std::vector<LinearSlice> linear_layout;
+  std::size_t group_count() const { return origin.size(); }
+  const AttentionGroup& group(std::size_t g) const {
+    return origin[g] >= 0 ? base->groups[static_cast<std::size_t>(origin[g])]
+                          : added[static_cast<std::size_t>(added_index[g])];
+  }
+  /// The micro-batch it stands for (the kept groups copied).
+  MicroBatch micro_batch() const;
 };
+
+/// estimate_micro_batch() of the edit's micro-batch, reusing `previous` (the estimate of
+/// the micro-batch it edits) for the kept groups; only a remapped edit is copied whole.
+MicroBatchEstimate estimate_edit(const MicroBatchEdit& edit, const CostModel& cost,
+                                 const PlanEvaluator& evaluator, const MicroBatchEstimate* previous);
 
 /// Which move made a candidate (the letters of docs/strategies.md, "ballast").
 enum class MoveKind {

@@ -307,15 +307,22 @@ GroupEstimate estimate_group(const AttentionGroup& group, const CostModel& cost,
   return estimate;
 }
 
-MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const CostModel& cost,
-                                        const PlanEvaluator& evaluator,
-                                        const MicroBatchEstimate* previous,
-                                        const std::vector<int>& origin) {
+namespace {
+
+/// estimate_micro_batch() over `group_count` groups read through `group_at(g)` and a
+/// linear layout; `remapped` is the whole micro-batch, needed (and given) only when the
+/// layout is not empty.
+template <class GroupAt>
+MicroBatchEstimate estimate_groups(std::size_t group_count, const GroupAt& group_at,
+                                   const std::vector<LinearSlice>& linear_layout,
+                                   const MicroBatch* remapped, const CostModel& cost,
+                                   const PlanEvaluator& evaluator, const MicroBatchEstimate* previous,
+                                   const std::vector<int>& origin) {
   const int ranks = cost.cluster().ranks();
   MicroBatchEstimate estimate;
-  estimate.remapped = !micro_batch.linear_layout.empty();
+  estimate.remapped = !linear_layout.empty();
   estimate.rank_time_s.assign(static_cast<std::size_t>(ranks), 0.0);
-  estimate.groups.reserve(micro_batch.groups.size());
+  estimate.groups.reserve(group_count);
   // Ranks whose time is made afresh: all of them, or with a previous estimate of an
   // unremapped micro-batch (and none now) only those a changed group holds.
   const bool incremental = previous != nullptr && !previous->remapped && !estimate.remapped &&
@@ -323,12 +330,12 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
   std::vector<bool> fresh(static_cast<std::size_t>(ranks), !incremental);
   if (incremental) {
     std::vector<bool> kept(previous->groups.size(), false);
-    for (std::size_t g = 0; g < micro_batch.groups.size(); ++g) {
+    for (std::size_t g = 0; g < group_count; ++g) {
       const int from = g < origin.size() ? origin[g] : -1;
       if (from >= 0) {
         kept[static_cast<std::size_t>(from)] = true;
       } else {
-        for (int rank : micro_batch.groups[g].ranks) fresh[static_cast<std::size_t>(rank)] = true;
+        for (int rank : group_at(g).ranks) fresh[static_cast<std::size_t>(rank)] = true;
       }
     }
     for (std::size_t g = 0; g < kept.size(); ++g) {
@@ -338,8 +345,8 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
   }
   std::vector<Tokens> linear_tokens(static_cast<std::size_t>(ranks), 0);
   std::vector<bool> participates(static_cast<std::size_t>(ranks), false);
-  for (std::size_t g = 0; g < micro_batch.groups.size(); ++g) {
-    const AttentionGroup& group = micro_batch.groups[g];
+  for (std::size_t g = 0; g < group_count; ++g) {
+    const AttentionGroup& group = group_at(g);
     const int from = previous != nullptr && g < origin.size() ? origin[g] : -1;
     estimate.groups.push_back(from >= 0 ? previous->groups[static_cast<std::size_t>(from)]
                                         : std::make_shared<const GroupEstimate>(
@@ -356,7 +363,7 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
       for (const Chunk& chunk : sequence.chunks) linear_tokens[static_cast<std::size_t>(chunk.rank)] += chunk.size();
     }
   }
-  for (const LinearSlice& slice : micro_batch.linear_layout) {
+  for (const LinearSlice& slice : linear_layout) {
     linear_tokens[static_cast<std::size_t>(slice.rank)] += slice.end_tokens - slice.begin_tokens;
   }
   const Model& model = cost.model();
@@ -365,7 +372,7 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
     // Each remap (to attention and back, every pass): a rank sends and receives its
     // flows one after another on its ports; it waits for the longer direction.
     std::map<std::pair<int, int>, Tokens> moved;  // (linear rank, attention rank)
-    for (const RemapMove& move : remap_moves(micro_batch, micro_batch.linear_layout)) {
+    for (const RemapMove& move : remap_moves(*remapped, linear_layout)) {
       moved[{move.src_rank, move.dst_rank}] += move.tokens;
     }
     std::vector<Seconds> send_s(static_cast<std::size_t>(ranks), 0.0);
@@ -399,6 +406,28 @@ MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const Cos
     estimate.time_s = std::max(estimate.time_s, estimate.rank_time_s[r]);
   }
   return estimate;
+}
+
+}  // namespace
+
+MicroBatchEstimate estimate_micro_batch(const MicroBatch& micro_batch, const CostModel& cost,
+                                        const PlanEvaluator& evaluator,
+                                        const MicroBatchEstimate* previous,
+                                        const std::vector<int>& origin) {
+  return estimate_groups(
+      micro_batch.groups.size(), [&](std::size_t g) -> const AttentionGroup& { return micro_batch.groups[g]; },
+      micro_batch.linear_layout, &micro_batch, cost, evaluator, previous, origin);
+}
+
+MicroBatchEstimate estimate_edit(const MicroBatchEdit& edit, const CostModel& cost,
+                                 const PlanEvaluator& evaluator, const MicroBatchEstimate* previous) {
+  if (!edit.linear_layout.empty()) {  // the remap's moves need the micro-batch whole
+    const MicroBatch micro_batch = edit.micro_batch();
+    return estimate_micro_batch(micro_batch, cost, evaluator, previous, edit.origin);
+  }
+  return estimate_groups(
+      edit.group_count(), [&](std::size_t g) -> const AttentionGroup& { return edit.group(g); },
+      edit.linear_layout, nullptr, cost, evaluator, previous, edit.origin);
 }
 
 Seconds PlanEstimate::step_time_s() const {

@@ -72,25 +72,20 @@ bool holds_rank(const AttentionGroup& group, int rank) {
   return std::find(group.ranks.begin(), group.ranks.end(), rank) != group.ranks.end();
 }
 
-/// The index of `rank`'s local group in `micro_batch` (-1: none).
-int local_group_of(const MicroBatch& micro_batch, int rank) {
-  const auto& groups = micro_batch.groups;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].scheme == Scheme::local && groups[g].ranks.front() == rank) return static_cast<int>(g);
-  }
-  return -1;
-}
-
 /// One micro-batch being rewritten: groups erased, replaced or appended, with `origin`
-/// tracking which groups are unchanged and queues kept listing each rank's groups.
+/// tracking which groups are unchanged (kept in the plan, not copied: MicroBatchEdit) and
+/// queues kept listing each rank's groups.
 class EditBuilder {
  public:
   EditBuilder(const Plan& plan, int index) : plan_(plan) {
+    const MicroBatch& base = plan.micro_batches[static_cast<std::size_t>(index)];
     edit_.index = index;
-    edit_.micro_batch = plan.micro_batches[static_cast<std::size_t>(index)];
-    edit_.origin.resize(edit_.micro_batch.groups.size());
+    edit_.base = &base;
+    edit_.origin.resize(base.groups.size());
     std::iota(edit_.origin.begin(), edit_.origin.end(), 0);
-    remapped_ = !edit_.micro_batch.linear_layout.empty();
+    edit_.added_index.assign(base.groups.size(), -1);
+    edit_.queues = base.queues;
+    remapped_ = !base.linear_layout.empty();
   }
   /// A new, empty micro-batch appended after the plan's (index: their count), remapped
   /// like the plan's first one.
@@ -99,14 +94,36 @@ class EditBuilder {
     edit.edit_.index = static_cast<int>(plan.micro_batches.size());
     edit.remapped_ = !plan.micro_batches.empty() && !plan.micro_batches.front().linear_layout.empty();
     if (!plan.micro_batches.empty() && !plan.micro_batches.front().queues.empty()) {
-      edit.edit_.micro_batch.queues.resize(plan.micro_batches.front().queues.size());
+      edit.edit_.queues.resize(plan.micro_batches.front().queues.size());
     }
     return edit;
   }
-  const MicroBatch& micro_batch() const { return edit_.micro_batch; }
+  std::size_t group_count() const { return edit_.group_count(); }
+  /// Valid until the group is replaced, erased or grown (add_local).
+  const AttentionGroup& group(std::size_t g) const { return edit_.group(g); }
+
+  /// The index of `rank`'s first local group (-1: none).
+  int local_group_of(int rank) const {
+    for (std::size_t g = 0; g < group_count(); ++g) {
+      const AttentionGroup& candidate = group(g);
+      if (candidate.scheme == Scheme::local && candidate.ranks.front() == rank) return static_cast<int>(g);
+    }
+    return -1;
+  }
+  /// Attention tokens each of `ranks` holds in the micro-batch being built (what its
+  /// memory must fit).
+  std::vector<Tokens> attention_tokens_held(std::size_t ranks) const {
+    std::vector<Tokens> held(ranks, 0);
+    for (std::size_t g = 0; g < group_count(); ++g) {
+      for (const SequenceChunks& sequence : group(g).sequences) {
+        for (const Chunk& chunk : sequence.chunks) held[static_cast<std::size_t>(chunk.rank)] += chunk.size();
+      }
+    }
+    return held;
+  }
 
   void erase_group(int g) {
-    std::vector<bool> erased(edit_.micro_batch.groups.size(), false);
+    std::vector<bool> erased(group_count(), false);
     erased[static_cast<std::size_t>(g)] = true;
     erase_groups(erased);
   }
@@ -114,21 +131,18 @@ class EditBuilder {
   /// erase_group() one by one would pass over them once per group).
   void erase_groups(const std::vector<bool>& erased) {
     local_of_rank_.clear();
-    auto& groups = edit_.micro_batch.groups;
-    std::vector<int> index(groups.size(), -1);
+    std::vector<int> index(group_count(), -1);
     std::size_t kept = 0;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (std::size_t g = 0; g < erased.size(); ++g) {
       if (erased[g]) continue;
       index[g] = static_cast<int>(kept);
-      if (kept != g) {
-        groups[kept] = std::move(groups[g]);
-        edit_.origin[kept] = edit_.origin[g];
-      }
+      edit_.origin[kept] = edit_.origin[g];
+      edit_.added_index[kept] = edit_.added_index[g];
       ++kept;
     }
-    groups.resize(kept);
     edit_.origin.resize(kept);
-    for (std::vector<int>& queue : edit_.micro_batch.queues) {
+    edit_.added_index.resize(kept);
+    for (std::vector<int>& queue : edit_.queues) {
       std::size_t length = 0;
       for (const int g : queue) {
         if (index[static_cast<std::size_t>(g)] >= 0) queue[length++] = index[static_cast<std::size_t>(g)];
@@ -139,27 +153,34 @@ class EditBuilder {
   /// Appended last in each member's queue: it waits for everything they ran before, so
   /// no queue order can deadlock on it.
   void append_group(AttentionGroup group) {
-    const auto g = static_cast<int>(edit_.micro_batch.groups.size());
-    if (!edit_.micro_batch.queues.empty()) {
-      for (int rank : group.ranks) edit_.micro_batch.queues[static_cast<std::size_t>(rank)].push_back(g);
+    const auto g = static_cast<int>(group_count());
+    if (!edit_.queues.empty()) {
+      for (int rank : group.ranks) edit_.queues[static_cast<std::size_t>(rank)].push_back(g);
     }
     if (!local_of_rank_.empty() && group.scheme == Scheme::local) {
       int& local = local_of_rank_[static_cast<std::size_t>(group.ranks.front())];
       if (local < 0) local = g;
     }
-    edit_.micro_batch.groups.push_back(std::move(group));
+    edit_.added.push_back(std::move(group));
     edit_.origin.push_back(-1);
+    edit_.added_index.push_back(static_cast<int>(edit_.added.size()) - 1);
   }
   /// A group on the same ranks (queues unchanged).
   void replace_group(int g, AttentionGroup group) {
     local_of_rank_.clear();
-    edit_.micro_batch.groups[static_cast<std::size_t>(g)] = std::move(group);
-    edit_.origin[static_cast<std::size_t>(g)] = -1;
+    const auto at = static_cast<std::size_t>(g);
+    if (edit_.added_index[at] < 0) {
+      edit_.added.push_back(std::move(group));
+      edit_.added_index[at] = static_cast<int>(edit_.added.size()) - 1;
+    } else {
+      edit_.added[static_cast<std::size_t>(edit_.added_index[at])] = std::move(group);
+    }
+    edit_.origin[at] = -1;
   }
   /// Removes sequence `s` of group `g` (the group's other sequences keep their chunks,
   /// Ulysses' are re-cut over the ranks; an emptied group is erased); returns its id.
   std::int64_t take_sequence(int g, std::size_t s) {
-    AttentionGroup group = edit_.micro_batch.groups[static_cast<std::size_t>(g)];
+    AttentionGroup group = this->group(static_cast<std::size_t>(g));
     const std::int64_t id = group.sequences[s].sequence_id;
     group.sequences.erase(group.sequences.begin() + static_cast<std::ptrdiff_t>(s));
     if (group.sequences.empty()) {
@@ -173,15 +194,16 @@ class EditBuilder {
     return id;
   }
   /// The sequence whole on `rank`: into the rank's local group (the first, as
-  /// local_group_of() finds it), grown in place, or a new one. The re-deals add thousands
-  /// of sequences to one edit at 1,024 GPUs: each rank's local group is looked up in an
-  /// index built on the first call, not by a scan of the groups per sequence.
+  /// local_group_of(rank) finds it), grown in place (copied from the plan first), or a new
+  /// one. The re-deals add thousands of sequences to one edit at 1,024 GPUs: each rank's
+  /// local group is looked up in an index built on the first call, not by a scan of the
+  /// groups per sequence.
   void add_local(int rank, std::int64_t id) {
-    auto& groups = edit_.micro_batch.groups;
     if (local_of_rank_.empty()) {
       local_of_rank_.assign(static_cast<std::size_t>(plan_.cluster.ranks()), -1);
-      for (std::size_t g = groups.size(); g-- > 0;) {
-        if (groups[g].scheme == Scheme::local) local_of_rank_[static_cast<std::size_t>(groups[g].ranks.front())] = static_cast<int>(g);
+      for (std::size_t g = group_count(); g-- > 0;) {
+        const AttentionGroup& candidate = group(g);
+        if (candidate.scheme == Scheme::local) local_of_rank_[static_cast<std::size_t>(candidate.ranks.front())] = static_cast<int>(g);
       }
     }
     const int g = local_of_rank_[static_cast<std::size_t>(rank)];
@@ -189,28 +211,37 @@ class EditBuilder {
       append_group(build_group(Scheme::local, {rank}, {id}, plan_));
       return;
     }
-    groups[static_cast<std::size_t>(g)].sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
-    edit_.origin[static_cast<std::size_t>(g)] = -1;
+    owned(g).sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
   }
-  /// The edit, with a remap's linear layout rebuilt for the new chunks (zeppelin's
-  /// balanced_linear_layout, which needs unpadded chunks; dropped when some are padded).
+  /// The edit, with a remap's linear layout built for the new chunks (zeppelin's
+  /// balanced_linear_layout, which needs unpadded chunks; none when some are padded).
   MicroBatchEdit finish() {
-    MicroBatch& micro_batch = edit_.micro_batch;
     if (remapped_) {
       bool padded = false;
-      for (const AttentionGroup& group : micro_batch.groups) {
-        for (const SequenceChunks& sequence : group.sequences) {
+      for (std::size_t g = 0; g < group_count(); ++g) {
+        for (const SequenceChunks& sequence : group(g).sequences) {
           padded = padded || sequence.padded_length_tokens != length_of(plan_, sequence.sequence_id);
         }
       }
-      micro_batch.linear_layout.clear();
-      if (!padded) micro_batch.linear_layout = balanced_linear_layout(micro_batch, plan_.cluster);
+      edit_.linear_layout.clear();
+      if (!padded) edit_.linear_layout = balanced_linear_layout(edit_.micro_batch(), plan_.cluster);
     }
     return std::move(edit_);
   }
 
  private:
   explicit EditBuilder(const Plan& plan) : plan_(plan) {}
+  /// Group g, changed from here on: a group kept from the plan is copied into the edit
+  /// first (its origin becomes -1).
+  AttentionGroup& owned(int g) {
+    const auto at = static_cast<std::size_t>(g);
+    if (edit_.added_index[at] < 0) {
+      edit_.added.push_back(edit_.base->groups[static_cast<std::size_t>(edit_.origin[at])]);
+      edit_.added_index[at] = static_cast<int>(edit_.added.size()) - 1;
+    }
+    edit_.origin[at] = -1;
+    return edit_.added[static_cast<std::size_t>(edit_.added_index[at])];
+  }
   const Plan& plan_;
   MicroBatchEdit edit_;
   bool remapped_ = false;  ///< the micro-batch has a linear layout (rebuilt by finish())
@@ -219,17 +250,6 @@ class EditBuilder {
   /// groups.
   std::vector<int> local_of_rank_;
 };
-
-/// Attention tokens each of `ranks` holds in `micro_batch` (what its memory must fit).
-std::vector<Tokens> attention_tokens_held(const MicroBatch& micro_batch, std::size_t ranks) {
-  std::vector<Tokens> held(ranks, 0);
-  for (const AttentionGroup& group : micro_batch.groups) {
-    for (const SequenceChunks& sequence : group.sequences) {
-      for (const Chunk& chunk : sequence.chunks) held[static_cast<std::size_t>(chunk.rank)] += chunk.size();
-    }
-  }
-  return held;
-}
 
 /// Ranks in ascending estimated time (ties: lower rank).
 std::vector<int> ranks_by_load(const std::vector<Seconds>& rank_time_s) {
@@ -654,11 +674,11 @@ class MoveGenerator {
   /// Removes the local groups of `ranks` from the edit; returns their sequences' ids.
   static std::vector<std::int64_t> take_local_sequences(EditBuilder& edit, const std::vector<int>& ranks) {
     std::vector<std::int64_t> ids;
-    const auto& groups = edit.micro_batch().groups;
-    std::vector<bool> taken(groups.size(), false);
-    for (std::size_t g = groups.size(); g-- > 0;) {
-      if (groups[g].scheme != Scheme::local || !std::binary_search(ranks.begin(), ranks.end(), groups[g].ranks.front())) continue;
-      for (const SequenceChunks& sequence : groups[g].sequences) ids.push_back(sequence.sequence_id);
+    std::vector<bool> taken(edit.group_count(), false);
+    for (std::size_t g = edit.group_count(); g-- > 0;) {
+      const AttentionGroup& group = edit.group(g);
+      if (group.scheme != Scheme::local || !std::binary_search(ranks.begin(), ranks.end(), group.ranks.front())) continue;
+      for (const SequenceChunks& sequence : group.sequences) ids.push_back(sequence.sequence_id);
       taken[g] = true;
     }
     edit.erase_groups(taken);
@@ -715,7 +735,7 @@ class MoveGenerator {
       }
     }
     // Attention tokens each rank holds with the grown group.
-    std::vector<Tokens> held = attention_tokens_held(edit.micro_batch(), load_s.size());
+    std::vector<Tokens> held = edit.attention_tokens_held(load_s.size());
     const Tokens capacity = dealt_capacity_tokens();
     std::vector<std::pair<Seconds, std::int64_t>> by_time;
     for (std::int64_t id : ids) by_time.emplace_back(local_time_s(id), id);
@@ -768,10 +788,9 @@ class MoveGenerator {
       const int slowest = by_load.back();
       const int least = by_load.front();
       const Seconds gap_s = load_s[static_cast<std::size_t>(slowest)] - load_s[static_cast<std::size_t>(least)];
-      const auto& groups = edit.micro_batch().groups;
-      const int local = local_group_of(edit.micro_batch(), slowest);
+      const int local = edit.local_group_of(slowest);
       if (local < 0) break;
-      const AttentionGroup& group = groups[static_cast<std::size_t>(local)];
+      const AttentionGroup& group = edit.group(static_cast<std::size_t>(local));
       std::size_t best = group.sequences.size();
       Seconds best_s = 0, best_miss_s = 0;
       for (std::size_t s = 0; s < group.sequences.size(); ++s) {
@@ -903,7 +922,7 @@ class MoveGenerator {
     std::stable_sort(sequences.begin(), sequences.end(),
                      [](const Held& a, const Held& b) { return a.time_s > b.time_s; });
     std::vector<std::vector<Tokens>> held;
-    for (const EditBuilder& edit : edits) held.push_back(attention_tokens_held(edit.micro_batch(), ranks));
+    for (const EditBuilder& edit : edits) held.push_back(edit.attention_tokens_held(ranks));
     const Tokens capacity = dealt_capacity_tokens();
     // Per rank, the micro-batch where it holds the least (ties: the earlier): where it has
     // the most room.
@@ -972,7 +991,7 @@ class MoveGenerator {
           {local.length, local.id, static_cast<std::size_t>(local.micro_batch)});
     }
     std::vector<std::vector<Tokens>> held;
-    for (const EditBuilder& edit : edits) held.push_back(attention_tokens_held(edit.micro_batch(), ranks));
+    for (const EditBuilder& edit : edits) held.push_back(edit.attention_tokens_held(ranks));
     const Tokens capacity = dealt_capacity_tokens();
     bool changed = false;
     for (std::size_t r = 0; r < ranks; ++r) {
@@ -1022,18 +1041,17 @@ class MoveGenerator {
     EditBuilder edit(plan_, m);
     EditBuilder target(plan_, to);
     EditBuilder& receiving = to == m ? edit : target;
-    std::vector<Tokens> held = attention_tokens_held(receiving.micro_batch(), ranks);
+    std::vector<Tokens> held = receiving.attention_tokens_held(ranks);
     const Tokens capacity = dealt_capacity_tokens();
     int moved = 0;
     for (int round = 0; round < kMaxLevelMoves; ++round) {
       const std::vector<int> by_load = ranks_by_load(load_s);
       const int slowest = by_load.back();
-      const auto& groups = edit.micro_batch().groups;
-      const int local = local_group_of(edit.micro_batch(), slowest);
+      const int local = edit.local_group_of(slowest);
       if (local < 0) break;
       // The sequence whose local time is closest to half the gap to the least-loaded rank
       // with room for it, below that gap.
-      const AttentionGroup& group = groups[static_cast<std::size_t>(local)];
+      const AttentionGroup& group = edit.group(static_cast<std::size_t>(local));
       std::size_t best = group.sequences.size();
       int best_rank = -1;
       Seconds best_s = 0, best_miss_s = 0;
@@ -1094,23 +1112,23 @@ class MoveGenerator {
   bool swap_step(EditBuilder& edit, EditBuilder& receiving, bool same, int slowest,
                  const std::vector<int>& by_load, std::vector<Seconds>& load_s, std::vector<Tokens>& held) {
     const Tokens capacity = dealt_capacity_tokens();
-    const int source = local_group_of(edit.micro_batch(), slowest);
+    const int source = edit.local_group_of(slowest);
     if (source < 0) return false;
-    const AttentionGroup& given = edit.micro_batch().groups[static_cast<std::size_t>(source)];
+    const AttentionGroup& given = edit.group(static_cast<std::size_t>(source));
     std::int64_t best_d = -1, best_e = -1;
     int best_rank = -1;
     Seconds best_shift_s = 0, best_miss_s = 0;
     int partners = 0;
     for (int rank : by_load) {
       if (rank == slowest || partners == kSwapPartners) break;
-      const int target = local_group_of(receiving.micro_batch(), rank);
+      const int target = receiving.local_group_of(rank);
       if (target < 0) continue;
       ++partners;
       const Seconds gap_s = load_s[static_cast<std::size_t>(slowest)] - load_s[static_cast<std::size_t>(rank)];
       for (const SequenceChunks& d : given.sequences) {
         const Tokens d_tokens = length_of(plan_, d.sequence_id);
         const Seconds d_s = local_sequence_time_s(cost_, d_tokens);
-        for (const SequenceChunks& e : receiving.micro_batch().groups[static_cast<std::size_t>(target)].sequences) {
+        for (const SequenceChunks& e : receiving.group(static_cast<std::size_t>(target)).sequences) {
           const Tokens e_tokens = length_of(plan_, e.sequence_id);
           if (e_tokens >= d_tokens || held[static_cast<std::size_t>(rank)] - e_tokens + d_tokens > capacity) continue;
           const Seconds shift_s = d_s - local_sequence_time_s(cost_, e_tokens);
@@ -1133,8 +1151,8 @@ class MoveGenerator {
       return s;
     };
     edit.take_sequence(source, index_of(given, best_d));
-    const int target = local_group_of(receiving.micro_batch(), best_rank);
-    receiving.take_sequence(target, index_of(receiving.micro_batch().groups[static_cast<std::size_t>(target)], best_e));
+    const int target = receiving.local_group_of(best_rank);
+    receiving.take_sequence(target, index_of(receiving.group(static_cast<std::size_t>(target)), best_e));
     edit.add_local(slowest, best_e);
     receiving.add_local(best_rank, best_d);
     const Tokens shift_tokens = length_of(plan_, best_d) - length_of(plan_, best_e);
@@ -1389,13 +1407,22 @@ std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
   return MoveGenerator(plan, estimate, cost, max_moves, loads).run();
 }
 
+MicroBatch MicroBatchEdit::micro_batch() const {
+  MicroBatch result;
+  result.groups.reserve(group_count());
+  for (std::size_t g = 0; g < group_count(); ++g) result.groups.push_back(group(g));
+  result.queues = queues;
+  result.linear_layout = linear_layout;
+  return result;
+}
+
 Plan apply_move(const Plan& plan, const Move& move) {
   Plan moved = plan;
   for (const MicroBatchEdit& edit : move.edits) {
     if (static_cast<std::size_t>(edit.index) == moved.micro_batches.size()) {
-      moved.micro_batches.push_back(edit.micro_batch);  // appended (the last edit)
+      moved.micro_batches.push_back(edit.micro_batch());  // appended (the last edit)
     } else {
-      moved.micro_batches[static_cast<std::size_t>(edit.index)] = edit.micro_batch;
+      moved.micro_batches[static_cast<std::size_t>(edit.index)] = edit.micro_batch();
     }
   }
   // A micro-batch the move emptied runs nothing: drop it (highest index first).

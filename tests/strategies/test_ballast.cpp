@@ -143,8 +143,9 @@ TEST(BallastEstimate, AgreesWithTheSimulator) {
   EXPECT_GE(share, kMinPairShare);
 }
 
-// The fast path (cached groups, only the moved ones priced) against the reference (the
-// candidate micro-batch priced from scratch): equal for every move of every plan.
+// The fast path (cached groups, only the moved ones priced, ranks left alone kept) against
+// the reference (the candidate micro-batch priced from scratch): equal for every move of
+// every phase of every plan; and every move keeps each sequence of the batch once.
 TEST(BallastEstimate, IncrementalEqualsFromScratch) {
   int moves_checked = 0;
   for (const CostSetup& setup : setups()) {
@@ -157,16 +158,34 @@ TEST(BallastEstimate, IncrementalEqualsFromScratch) {
         if (!plan_or) continue;
         const Plan& plan = *plan_or;
         const PlanEstimate estimate = estimate_plan(plan, cost, evaluator);
-        std::vector<Move> moves = generate_moves(plan, estimate, cost, 64, Loads::with_sync);
-        for (Move& move : generate_moves(plan, estimate, cost, 64, Loads::before_sync)) {
-          moves.push_back(std::move(move));
+        // Every phase's moves: the re-deals grow kept local groups (copied into the edit
+        // first) and append micro-batches (priced without a previous estimate).
+        std::vector<Move> moves;
+        for (const Loads loads : {Loads::with_sync, Loads::before_sync, Loads::whole_step, Loads::re_deal}) {
+          for (Move& move : generate_moves(plan, estimate, cost, 64, loads)) moves.push_back(std::move(move));
         }
         for (const Move& move : moves) {
+          // The moved plan holds every sequence of the batch once (an edit that lost or
+          // doubled the plan's groups it keeps or grows would not).
+          std::vector<int> seen(plan.sequence_lengths_tokens.size(), 0);
+          for (const MicroBatch& micro_batch : apply_move(plan, move).micro_batches) {
+            for (const AttentionGroup& group : micro_batch.groups) {
+              for (const SequenceChunks& sequence : group.sequences) ++seen[static_cast<std::size_t>(sequence.sequence_id)];
+            }
+          }
+          ASSERT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<std::ptrdiff_t>(seen.size()))
+              << setup.label << " " << planner->name() << " " << move_name(move.kind);
           for (const MicroBatchEdit& edit : move.edits) {
-            const auto& before = estimate.micro_batches[static_cast<std::size_t>(edit.index)];
-            const MicroBatchEstimate incremental =
-                estimate_micro_batch(edit.micro_batch, cost, evaluator, &before, edit.origin);
-            const MicroBatchEstimate scratch = estimate_micro_batch(edit.micro_batch, cost, evaluator);
+            const bool appended = static_cast<std::size_t>(edit.index) == plan.micro_batches.size();
+            // Each group is the plan's (kept) or the edit's own, never both.
+            for (std::size_t g = 0; g < edit.group_count(); ++g) {
+              ASSERT_NE(edit.origin[g] >= 0, edit.added_index[g] >= 0);
+              if (edit.origin[g] >= 0) ASSERT_FALSE(appended);
+            }
+            const MicroBatchEstimate* before =
+                appended ? nullptr : &estimate.micro_batches[static_cast<std::size_t>(edit.index)];
+            const MicroBatchEstimate incremental = estimate_edit(edit, cost, evaluator, before);
+            const MicroBatchEstimate scratch = estimate_micro_batch(edit.micro_batch(), cost, evaluator);
             ASSERT_EQ(incremental.rank_time_s, scratch.rank_time_s)
                 << setup.label << " " << planner->name() << " " << move_name(move.kind);
             ASSERT_EQ(incremental.time_s, scratch.time_s);
