@@ -208,8 +208,24 @@ Seconds makespan_floor_s(const GroupCosts& costs, const SequenceTimes& times, st
     return ranks > costs.ranks();
   };
   if (!std::isfinite(low_s) || !(low_s > 0) || !overfull(low_s)) return low_s;
-  // The share falls towards 0 as T grows (every run fits some degree): doubling ends.
-  Seconds high_s = 2 * low_s;
+  // A T the sequences fit by: each in its degree of least work d x t, with room of at least
+  // its own t and of the mean work W (sum of d x t over the ranks), takes at most
+  // d x t / W of the ranks, all of them at most the ranks. (The share only falls as T
+  // grows, so doubling past a rounding also ends.)
+  Seconds fixed_s = 0, work_s = 0, longest_s = 0;
+  for (std::size_t k = 0; k < degrees; ++k) fixed_s = std::max(fixed_s, costs.at(k).fixed_s);
+  for (const auto& [run, count] : runs) {
+    std::size_t least = 0;
+    for (std::size_t k = 1; k < degrees; ++k) {
+      if (costs.at(k).degree * times.time_s[run * degrees + k] <
+          costs.at(least).degree * times.time_s[run * degrees + least]) {
+        least = k;
+      }
+    }
+    work_s += count * costs.at(least).degree * times.time_s[run * degrees + least];
+    longest_s = std::max(longest_s, times.time_s[run * degrees + least]);
+  }
+  Seconds high_s = std::max(2 * low_s, fixed_s + std::max(work_s / costs.ranks(), longest_s));
   while (overfull(high_s)) {
     low_s = high_s;
     high_s *= 2;

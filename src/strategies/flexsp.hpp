@@ -159,7 +159,7 @@ SequenceTimes sequence_times(const GroupCosts& costs, std::span<const Tokens> as
 
 /// Relative precision of makespan_floor_s()'s search: the floor is at most that far below
 /// the least makespan the fluid bound allows (a floor need not be tight).
-inline constexpr double kMakespanFloorPrecision = 1e-4;
+inline constexpr double kMakespanFloorPrecision = 1e-3;
 
 /// A makespan no solution of the sequences at positions [begin, end) of `times` beats,
 /// by the group-cost model both solvers' plans are timed with (a group of degree d takes
