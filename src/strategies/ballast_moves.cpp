@@ -168,14 +168,7 @@ class EditBuilder {
   /// A group on the same ranks (queues unchanged).
   void replace_group(int g, AttentionGroup group) {
     local_of_rank_.clear();
-    const auto at = static_cast<std::size_t>(g);
-    if (edit_.added_index[at] < 0) {
-      edit_.added.push_back(std::move(group));
-      edit_.added_index[at] = static_cast<int>(edit_.added.size()) - 1;
-    } else {
-      edit_.added[static_cast<std::size_t>(edit_.added_index[at])] = std::move(group);
-    }
-    edit_.origin[at] = -1;
+    owned(g, /*copy=*/false) = std::move(group);
   }
   /// Removes sequence `s` of group `g` (the group's other sequences keep their chunks,
   /// Ulysses' are re-cut over the ranks; an emptied group is erased); returns its id.
@@ -211,7 +204,7 @@ class EditBuilder {
       append_group(build_group(Scheme::local, {rank}, {id}, plan_));
       return;
     }
-    owned(g).sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
+    owned(g, /*copy=*/true).sequences.push_back(whole_sequence(id, length_of(plan_, id), rank));
   }
   /// The edit, with a remap's linear layout built for the new chunks (zeppelin's
   /// balanced_linear_layout, which needs unpadded chunks; none when some are padded).
@@ -231,12 +224,14 @@ class EditBuilder {
 
  private:
   explicit EditBuilder(const Plan& plan) : plan_(plan) {}
-  /// Group g, changed from here on: a group kept from the plan is copied into the edit
-  /// first (its origin becomes -1).
-  AttentionGroup& owned(int g) {
+  /// Group g, the edit's own from here on (its origin becomes -1): a group kept from the
+  /// plan gets a place in the edit, the plan's group copied there when `copy` (to grow it)
+  /// and empty otherwise (to be replaced).
+  AttentionGroup& owned(int g, bool copy) {
     const auto at = static_cast<std::size_t>(g);
     if (edit_.added_index[at] < 0) {
-      edit_.added.push_back(edit_.base->groups[static_cast<std::size_t>(edit_.origin[at])]);
+      edit_.added.push_back(copy ? edit_.base->groups[static_cast<std::size_t>(edit_.origin[at])]
+                                 : AttentionGroup{});
       edit_.added_index[at] = static_cast<int>(edit_.added.size()) - 1;
     }
     edit_.origin[at] = -1;

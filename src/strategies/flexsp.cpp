@@ -186,25 +186,14 @@ Seconds makespan_floor_s(const GroupCosts& costs, const SequenceTimes& times, st
     runs.emplace_back(r, static_cast<double>(stop - i));
     i = stop;
   }
+  const auto row = [&](std::size_t run) {
+    return std::span<const Seconds>(times.time_s).subspan(run * degrees, degrees);
+  };
   Seconds low_s = 0;
-  for (const auto& [run, count] : runs) {
-    Seconds alone_s = std::numeric_limits<Seconds>::infinity();
-    for (std::size_t k = 0; k < degrees; ++k) {
-      alone_s = std::min(alone_s, costs.at(k).fixed_s + times.time_s[run * degrees + k]);
-    }
-    low_s = std::max(low_s, alone_s);
-  }
+  for (const auto& [run, count] : runs) low_s = std::max(low_s, costs.alone_s(row(run)));
   const auto overfull = [&](Seconds target_s) {  // the fluid share of the ranks > 1
     double ranks = 0;
-    for (const auto& [run, count] : runs) {
-      double share = std::numeric_limits<double>::infinity();
-      for (std::size_t k = 0; k < degrees; ++k) {
-        const Seconds room_s = target_s - costs.at(k).fixed_s;
-        const Seconds time_s = times.time_s[run * degrees + k];
-        if (time_s <= room_s) share = std::min(share, costs.at(k).degree * time_s / room_s);
-      }
-      ranks += share * count;
-    }
+    for (const auto& [run, count] : runs) ranks += costs.rank_share(row(run), target_s) * count;
     return ranks > costs.ranks();
   };
   if (!std::isfinite(low_s) || !(low_s > 0) || !overfull(low_s)) return low_s;

@@ -61,6 +61,14 @@ class GroupCosts {
   /// Time of one sequence of `length_tokens` in a group of degree index k, fixed part
   /// excluded.
   Seconds sequence_s(Tokens length_tokens, std::size_t k) const;
+  /// The fluid bound's share of the ranks a sequence takes to end by `target_s` (FastPlanner's
+  /// targets, makespan_floor_s): over the degrees whose group ends it by then
+  /// (time_s[k] <= target_s - fixed_s), the least d x time_s[k] / (target_s - fixed_s);
+  /// infinity when none does. `time_s`: its sequence_s() per degree index, infinity where
+  /// a group cannot hold it.
+  double rank_share(std::span<const Seconds> time_s, Seconds target_s) const;
+  /// Its time alone in its best group: the least fixed_s + time_s[k] (same `time_s`).
+  Seconds alone_s(std::span<const Seconds> time_s) const;
   /// Smallest degree index whose group holds `length_tokens` alone; kNone if none does.
   std::size_t min_degree_index(Tokens length_tokens) const;
   /// Index of a degree; kNone if it is not allowed.

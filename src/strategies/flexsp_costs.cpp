@@ -2,7 +2,9 @@
 // solution rules, greedy homogeneous warm starts, Sequence Blaster's min-max split and
 // the padding-minimising buckets.
 #include <algorithm>
+#include <limits>
 #include <numeric>
+#include <span>
 #include <queue>
 
 #include <fmt/format.h>
@@ -67,6 +69,21 @@ Seconds GroupCosts::sequence_s(Tokens length_tokens, std::size_t k) const {
                cost_->linear_time_s(length_tokens, pass) / entry.degree);
   }
   return time_s;
+}
+
+double GroupCosts::rank_share(std::span<const Seconds> time_s, Seconds target_s) const {
+  double share = std::numeric_limits<double>::infinity();
+  for (std::size_t k = 0; k < degrees_.size(); ++k) {
+    const Seconds room_s = target_s - degrees_[k].fixed_s;
+    if (time_s[k] <= room_s) share = std::min(share, degrees_[k].degree * time_s[k] / room_s);
+  }
+  return share;
+}
+
+Seconds GroupCosts::alone_s(std::span<const Seconds> time_s) const {
+  Seconds alone_s = std::numeric_limits<Seconds>::infinity();
+  for (std::size_t k = 0; k < degrees_.size(); ++k) alone_s = std::min(alone_s, degrees_[k].fixed_s + time_s[k]);
+  return alone_s;
 }
 
 std::size_t GroupCosts::min_degree_index(Tokens length_tokens) const {

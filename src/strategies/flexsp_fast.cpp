@@ -226,14 +226,7 @@ std::optional<WorkPlan> FastPlanner::assign_longest_first(
 double FastPlanner::work_share(Seconds target_s) const {
   double ranks = 0;
   for (std::size_t item = 0; item < min_degree_index_.size(); ++item) {
-    double share = std::numeric_limits<double>::infinity();
-    for (std::size_t k = min_degree_index_[item]; k < degrees_; ++k) {
-      const Seconds room_s = target_s - costs_.at(k).fixed_s;
-      if (item_s(item, k) <= room_s) {
-        share = std::min(share, degree(k) * item_s(item, k) / room_s);
-      }
-    }
-    ranks += share * static_cast<double>(problem_.counts[item]);
+    ranks += costs_.rank_share(item_times_s(item), target_s) * static_cast<double>(problem_.counts[item]);
   }
   return ranks / costs_.ranks();
 }
@@ -366,13 +359,7 @@ Seconds FastPlanner::untimed_target_s() const {
 
 Seconds FastPlanner::makespan_bound_s(Seconds high_s) const {
   Seconds low_s = 0;
-  for (std::size_t item : sequences_) {
-    Seconds alone_s = std::numeric_limits<Seconds>::infinity();
-    for (std::size_t k = min_degree_index_[item]; k < degrees_; ++k) {
-      alone_s = std::min(alone_s, costs_.at(k).fixed_s + item_s(item, k));
-    }
-    low_s = std::max(low_s, alone_s);
-  }
+  for (std::size_t item : sequences_) low_s = std::max(low_s, costs_.alone_s(item_times_s(item)));
   if (!(low_s < high_s) || work_share(low_s) <= 1) return low_s;
   while (high_s - low_s > kTargetPrecision * high_s) {
     const Seconds middle_s = 0.5 * (low_s + high_s);

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <limits>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -111,6 +112,10 @@ class FastPlanner {
 
  private:
   Seconds item_s(std::size_t item, std::size_t k) const { return item_s_[item * degrees_ + k]; }
+  /// item_s() for every degree index (infinity below the item's minimum degree).
+  std::span<const Seconds> item_times_s(std::size_t item) const {
+    return std::span<const Seconds>(item_s_).subspan(item * degrees_, degrees_);
+  }
   Tokens length(std::size_t item) const { return problem_.lengths_tokens[item]; }
   int degree(std::size_t k) const { return costs_.at(k).degree; }
   bool can_hold(std::size_t k, Tokens tokens, std::size_t item) const {

@@ -288,10 +288,10 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluato
         const PricedCandidates::Price& price = priced.price(derived, cap_s);
         return price.valid && price.step_s < cap_s;
       };
+      const bool remap = switches.remap == Switches::Mode::auto_;
       for (const Plan& candidate : of_kind) {
         std::optional<Plan> twin;
         if (switches.routing == Switches::Mode::auto_) twin = unrouted_twin(candidate);
-        const bool remap = switches.remap == Switches::Mode::auto_;
         if ((twin && below_cap(*twin)) || (remap && below_cap(with_remap(candidate, cost))) ||
             (twin && remap && below_cap(with_remap(*twin, cost)))) {
           ++uncapped_replan_count();
