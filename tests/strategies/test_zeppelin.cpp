@@ -27,6 +27,13 @@ std::unique_ptr<CostModel> make_cost(const std::string& cluster_name, int nodes,
                          load_model(model_name));
 }
 
+/// A cluster preset, its node count and a model preset (make_cost's arguments).
+struct CostSetup {
+  std::string cluster;
+  int nodes;
+  std::string model;
+};
+
 Plan plan_with(const Batch& batch, const CostModel& cost, const std::string& spec_text) {
   const StrategySpec spec = parse_strategy_spec(spec_text);
   return spec.planner->plan(batch, cost, spec.options, SimulatorEvaluator(cost));
@@ -370,12 +377,7 @@ TEST(ZeppelinPlacement, NoIdleGpuAndNeverSlowerThanNodeTotals) {
   // in at least one micro-batch, and the simulated step never exceeds the previous
   // placement's (node totals, then GPUs; kept as placement=node-totals, whose candidates the
   // default also runs through every stage) by more than 1% on the same batch.
-  struct Setup {
-    std::string cluster;
-    int nodes;
-    std::string model;
-  };
-  const std::vector<Setup> setups = {{"h100", 4, "llama-7b"}, {"a800-roce", 2, "llama-13b"},
+  const std::vector<CostSetup> setups = {{"h100", 4, "llama-7b"}, {"a800-roce", 2, "llama-13b"},
                                      {"h200", 2, "llama-3b"}};
   // "3, 8-15": what the notes write for a set of ranks.
   const auto ranges = [](const std::vector<int>& ranks) {
@@ -394,7 +396,7 @@ TEST(ZeppelinPlacement, NoIdleGpuAndNeverSlowerThanNodeTotals) {
   int idle_in_a_micro_batch = 0;  // (rank, micro-batch) pairs without attention work
   int noted = 0;                  // micro-batches with such ranks (each named by a note)
   double worst_ratio = 0;         // largest step / reference step
-  for (const Setup& setup : setups) {
+  for (const CostSetup& setup : setups) {
     const auto cost = make_cost(setup.cluster, setup.nodes, setup.model);
     const int ranks = cost->cluster().ranks();
     const Tokens capacity = usable_tokens_per_rank(*cost, Scheme::ring, 2);
@@ -467,17 +469,12 @@ TEST(ZeppelinPlanBelow, ThePlanBelowTheCapAndNoFasterOneAtOrPastIt) {
   // step is not below it. Caps just above the step make a plan that stages 2 or 3 derived
   // (an unrouted twin, a remap) beat every stage-1 candidate's capped price: those runs
   // must plan again without the cap (the count below).
-  struct Setup {
-    std::string cluster;
-    int nodes;
-    std::string model;
-  };
-  const std::vector<Setup> setups = {{"a800-roce", 4, "llama-7b"}, {"h100", 2, "llama-13b"},
+  const std::vector<CostSetup> setups = {{"a800-roce", 4, "llama-7b"}, {"h100", 2, "llama-13b"},
                                      {"h200", 2, "llama-3b"}};
   std::uint64_t state = 2026;
   const std::int64_t replans_before = uncapped_replan_count();
   int same = 0, capped = 0;
-  for (const Setup& setup : setups) {
+  for (const CostSetup& setup : setups) {
     const auto cost = make_cost(setup.cluster, setup.nodes, setup.model);
     const SimulatorEvaluator evaluator(*cost);
     const Tokens capacity = usable_tokens_per_rank(*cost, Scheme::ring, 2);
