@@ -161,6 +161,10 @@ class CostModel {
 
   const Cluster& cluster() const { return cluster_; }
   const Model& model() const { return model_; }
+  /// Distinct for every cost model this process constructs (a copy keeps its original's:
+  /// it prices the same, and a cost model never changes once built): what caches of its
+  /// prices that outlive a call key on (the simulator's ring and USP step times).
+  std::uint64_t instance_id() const { return instance_id_; }
 
   // ---- compute ----
   /// Attention over `blocks` on one rank with the heads split `head_split` ways
@@ -280,6 +284,7 @@ class CostModel {
  private:
   /// cluster_.intra_node_collectives indexed by op: no map lookup on the planners' hot path.
   std::array<std::vector<CollectiveFit>, kCollectiveOpCount> collective_fits_;
+  std::uint64_t instance_id_;
 };
 
 /// Roofline: FLOPs / (peak * efficiency), attention quantised to square tiles of

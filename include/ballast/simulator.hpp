@@ -117,6 +117,17 @@ struct SimulationReport {
 SimulationReport simulate(const Plan& plan, const CostModel& cost,
                           const SimulationOptions& options = {});
 
+/// Between open_simulation_cache() and the matching close on a thread, the simulator
+/// keeps the ring and USP groups' step compute times it prices there, by everything they
+/// depend on (the cost model's instance_id, the pass, the head split, the members' chunks
+/// and, packed, the sequences' lengths), for the thread's later simulations: a planner
+/// simulates many candidate plans that share most of their groups. A kept time is the very
+/// number a new pricing gives, so no result changes. Opens nest; the last close frees what
+/// was kept (at most 32 MiB a thread). SimulatorEvaluator opens and closes it for an
+/// EvaluationSession (strategy.hpp). Without an open one nothing is kept.
+void open_simulation_cache();
+void close_simulation_cache();
+
 /// The time the simulator gives one transfer of bytes_per_layer from src to dst alone on
 /// an idle cluster (whole model, like every CostModel time): the transfer is built and run
 /// by the same code as a ring's transfers (routing_proxies clamped to nics_per_node; direct
@@ -164,6 +175,9 @@ class SimulatorEvaluator final : public PlanEvaluator {
   /// isolated_transfer_floor_s(cost, ...).
   Seconds transfer_time_floor_s(Bytes bytes_per_layer, int src_rank, int dst_rank,
                                 int routing_proxies, int routing_chunks) const override;
+  /// open_simulation_cache() / close_simulation_cache() on the calling thread.
+  void open_session() const override { open_simulation_cache(); }
+  void close_session() const override { close_simulation_cache(); }
 
  private:
   using TransferKey = std::tuple<Bytes, int, int, int, int>;

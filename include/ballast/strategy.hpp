@@ -94,6 +94,30 @@ class PlanEvaluator {
     static_cast<void>(routing_proxies), static_cast<void>(routing_chunks);
     return 0.0;
   }
+  /// Called by EvaluationSession: while a session is open, the evaluator may keep what its
+  /// evaluations on this thread share (SimulatorEvaluator: the ring and USP groups' step
+  /// compute times, open_simulation_cache) and must free it when the last one closes.
+  /// Sessions nest. Kept results are the very numbers a new evaluation gives, so no answer
+  /// changes. Default: nothing kept.
+  virtual void open_session() const {}
+  virtual void close_session() const {}
+};
+
+/// Held by a planner that evaluates many candidate plans sharing most of their groups
+/// (ballast, zeppelin) for the length of one plan() on one thread: each plan starts cold,
+/// so nothing one batch's planning kept reaches the next (and a benchmark that plans one
+/// batch again and again measures a cold plan each time).
+class EvaluationSession {
+ public:
+  explicit EvaluationSession(const PlanEvaluator& evaluator) : evaluator_(evaluator) {
+    evaluator_.open_session();
+  }
+  ~EvaluationSession() { evaluator_.close_session(); }
+  EvaluationSession(const EvaluationSession&) = delete;
+  EvaluationSession& operator=(const EvaluationSession&) = delete;
+
+ private:
+  const PlanEvaluator& evaluator_;
 };
 
 /// One parameter a planner takes in a strategy spec ("degree" sets PlannerOptions::degree,

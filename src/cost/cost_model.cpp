@@ -3,6 +3,7 @@
 #include "ballast/cost_model.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -50,8 +51,14 @@ Tokens causal_pairs(const AttentionBlock& block) {
   return pairs;
 }
 
+namespace {
+std::atomic<std::uint64_t> next_cost_model_id{1};
+}  // namespace
+
 CostModel::CostModel(Cluster cluster, Model model)
-    : cluster_(std::move(cluster)), model_(std::move(model)) {
+    : cluster_(std::move(cluster)),
+      model_(std::move(model)),
+      instance_id_(next_cost_model_id.fetch_add(1, std::memory_order_relaxed)) {
   for (const auto& [op, fits] : cluster_.intra_node_collectives) {
     collective_fits_[static_cast<std::size_t>(op)] = fits;
   }

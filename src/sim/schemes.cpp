@@ -6,9 +6,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <unordered_map>
 
 #include "ballast/error.hpp"
 #include "ballast/plan_layout.hpp"
+#include "ballast/simulator.hpp"
 
 namespace ballast::sim {
 
@@ -128,6 +131,117 @@ Seconds call_time_s(const CostModel& cost, std::span<const DocumentRange> querie
 }
 
 bool tiles_packed(const BuildContext& ctx) { return ctx.cost.cluster().attention_tiles_packed; }
+
+/// What a ring's (or USP's) step compute times depend on, as integers: the cost model
+/// (CostModel::instance_id), the pass, the head split, the USP degree (0 for a ring),
+/// whether tiles are packed and then each sequence's length (packed spans drop the
+/// padding), and every position's chunks in layout order (sequence index, begin, end),
+/// each list after its size. Equal keys give equal times: the step times are functions
+/// of exactly these (ring_step_blocks and member_spans read nothing else).
+using StepKey = std::vector<std::int64_t>;
+
+StepKey step_key(const BuildContext& ctx, const AttentionGroup& group, const GroupLayout& layout,
+                 int head_split, int ulysses_degree, Pass pass) {
+  const bool packed = tiles_packed(ctx);
+  std::size_t size = 5 + layout.chunks.size() + (packed ? group.sequences.size() : 0);
+  for (const auto& chunks : layout.chunks) size += 3 * chunks.size();
+  StepKey key;
+  key.reserve(size);
+  key.push_back(static_cast<std::int64_t>(ctx.cost.instance_id()));
+  key.push_back(pass == Pass::forward ? 0 : 1);
+  key.push_back(head_split);
+  key.push_back(ulysses_degree);
+  key.push_back(packed ? 1 : 0);
+  if (packed) {
+    for (const SequenceChunks& sequence : group.sequences) {
+      const auto id = static_cast<std::size_t>(sequence.sequence_id);
+      BALLAST_CHECK(id < ctx.sequence_lengths_tokens.size(),
+                    "a validated plan has a length for every sequence id");
+      key.push_back(ctx.sequence_lengths_tokens[id]);
+    }
+  }
+  for (const auto& chunks : layout.chunks) {
+    key.push_back(static_cast<std::int64_t>(chunks.size()));
+    for (const GroupChunk& chunk : chunks) {
+      key.push_back(chunk.sequence);
+      key.push_back(chunk.begin_tokens);
+      key.push_back(chunk.end_tokens);
+    }
+  }
+  return key;
+}
+
+struct StepKeyHash {
+  std::size_t operator()(const StepKey& key) const noexcept {
+    std::uint64_t hash = 0x9E3779B97F4A7C15ULL;
+    for (const std::int64_t value : key) {
+      hash ^= static_cast<std::uint64_t>(value) + 0x9E3779B97F4A7C15ULL + (hash << 6) + (hash >> 2);
+    }
+    hash ^= hash >> 31;
+    hash *= 0xBF58476D1CE4E5B9ULL;
+    hash ^= hash >> 29;
+    return static_cast<std::size_t>(hash);
+  }
+};
+
+/// At most this many values (step times and key integers) per thread; a full cache is
+/// emptied (8 bytes each: 32 MiB).
+constexpr std::size_t kStepCacheMaxValues = std::size_t{1} << 22;
+
+/// The ring and USP step compute times kept on this thread while open_simulation_cache()
+/// is open on it: a planner simulates many plans that share most of their groups, and a
+/// ring of g prices g x g steps of up to four blocks per pair of sequence chunks.
+struct StepTimeCache {
+  int open_count = 0;
+  std::size_t held_values = 0;
+  std::unordered_map<StepKey, std::vector<Seconds>, StepKeyHash> times;
+
+  void clear() {
+    times = {};
+    held_values = 0;
+  }
+};
+
+}  // namespace
+
+std::int64_t& step_time_cache_hit_count() {
+  thread_local std::int64_t count = 0;
+  return count;
+}
+
+namespace {
+
+StepTimeCache& step_time_cache() {
+  thread_local StepTimeCache cache;
+  return cache;
+}
+
+/// The most step times one group keeps (a ring of 256, USP of 256 stages): a larger group's
+/// table would be hundreds of MB at thousands of ranks, and is priced as without a cache.
+constexpr std::size_t kMaxCachedStepTimes = std::size_t{1} << 16;
+
+/// The `entries` step compute times (position x owner) of the ring or USP stages laid out
+/// as `layout` in this thread's cache, while open_simulation_cache() is open and the group
+/// is small enough (kMaxCachedStepTimes); else null. Entries not yet priced are negative:
+/// the caller prices them on first use exactly as without the cache (the same calls, so
+/// the same times) and stores them. The pointer is valid until the next call on this
+/// thread.
+std::vector<Seconds>* cached_step_times(const BuildContext& ctx, const AttentionGroup& group,
+                                        const GroupLayout& layout, int head_split,
+                                        int ulysses_degree, Pass pass, std::size_t entries) {
+  StepTimeCache& cache = step_time_cache();
+  if (cache.open_count == 0 || entries > kMaxCachedStepTimes) return nullptr;
+  StepKey key = step_key(ctx, group, layout, head_split, ulysses_degree, pass);
+  const auto found = cache.times.find(key);
+  if (found != cache.times.end()) {
+    ++step_time_cache_hit_count();
+    return &found->second;
+  }
+  const std::size_t values = entries + key.size();
+  if (cache.held_values + values > kStepCacheMaxValues) cache.clear();
+  cache.held_values += values;
+  return &cache.times.emplace(std::move(key), std::vector<Seconds>(entries, -1.0)).first->second;
+}
 
 /// Ring step: every own chunk as queries against every chunk of the block owner as keys,
 /// per sequence; blocks the causal mask empties are dropped. Written to `blocks` (a
@@ -353,17 +467,24 @@ void add_ring(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
                        group.routing_chunks,
                        "ring",
                        fmt::format("g{}", g)};
-  const auto spans = tiles_packed(ctx) ? member_spans(ctx, group)
-                                       : std::vector<std::vector<DocumentRange>>();
-  // Packed: own tokens against the owner's, one call (runtime: its ring loop).
+  // Packed: own tokens against the owner's, one call (runtime: its ring loop); the spans
+  // are made on the first step the cache does not hold.
+  std::vector<std::vector<DocumentRange>> spans;
   std::vector<AttentionBlock> blocks;
+  std::vector<Seconds>* known = cached_step_times(ctx, group, layout, 1, 0, pass,
+                                                  static_cast<std::size_t>(g) * g);
   add_ring_steps(
       ctx, ring,
       [&](int i, int owner) {
-        return tiles_packed(ctx)
-                   ? call_time_s(ctx.cost, spans[i], spans[owner], 1, pass)
-                   : attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner, blocks), 1,
-                                      pass);
+        Seconds* known_s = known ? &(*known)[static_cast<std::size_t>(i) * g + owner] : nullptr;
+        if (known_s && *known_s >= 0) return *known_s;
+        if (tiles_packed(ctx) && spans.empty()) spans = member_spans(ctx, group);
+        const Seconds time_s =
+            tiles_packed(ctx)
+                ? call_time_s(ctx.cost, spans[i], spans[owner], 1, pass)
+                : attention_time_s(ctx.cost, ring_step_blocks(layout, i, owner, blocks), 1, pass);
+        if (known_s) *known_s = time_s;
+        return time_s;
       },
       pass);
 }
@@ -401,14 +522,17 @@ void add_usp(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
       }
     }
   }
-  std::vector<std::vector<DocumentRange>> stage_spans(static_cast<std::size_t>(r));
-  if (tiles_packed(ctx)) {
+  // Packed: each stage's members' spans in member order, made on the first step the cache
+  // does not hold.
+  std::vector<std::vector<DocumentRange>> stage_spans;
+  const auto make_stage_spans = [&] {
+    stage_spans.resize(static_cast<std::size_t>(r));
     const auto spans = member_spans(ctx, group);
     for (int i = 0; i < size; ++i) {
       auto& stage = stage_spans[stage_of(i)];
       stage.insert(stage.end(), spans[i].begin(), spans[i].end());
     }
-  }
+  };
   const Bytes qkv_per_token = ulysses_qkv_bytes_per_token(model, tensor_parallel, u);
   const Bytes in_per_token = forward ? qkv_per_token : model.hidden_bytes_per_token();
   const Bytes out_per_token = forward ? model.hidden_bytes_per_token() : qkv_per_token;
@@ -438,12 +562,18 @@ void add_usp(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   const Bytes kv_per_token = usp_kv_bytes_per_token(model, tensor_parallel, u);
   const std::vector<Bytes> block_bytes = bytes_per_member(stages.tokens, kv_per_token);
   // Every member m of a stage computes the same stage-against-stage steps: each (stage,
-  // owner) is priced once, on first use, for the u rings.
-  std::vector<Seconds> step_s(static_cast<std::size_t>(r) * r, -1.0);
+  // owner) is priced once, on first use, for the u rings (and kept for later simulations:
+  // the key is the members' layout, which fixes the stages' chunks and packed spans).
+  std::vector<Seconds> own_step_s;
+  std::vector<Seconds>* known =
+      cached_step_times(ctx, group, layout, u, u, pass, static_cast<std::size_t>(r) * r);
+  if (!known) own_step_s.assign(static_cast<std::size_t>(r) * r, -1.0);
+  std::vector<Seconds>& step_s = known ? *known : own_step_s;
   std::vector<AttentionBlock> blocks;
   const auto compute_s = [&](int stage, int owner) {
     Seconds& known_s = step_s[static_cast<std::size_t>(stage) * r + owner];
     if (known_s < 0) {
+      if (tiles_packed(ctx) && stage_spans.empty()) make_stage_spans();
       known_s = tiles_packed(ctx)
                     ? call_time_s(ctx.cost, stage_spans[stage], stage_spans[owner], u, pass)
                     : attention_time_s(ctx.cost, ring_step_blocks(stages, stage, owner, blocks),
@@ -544,6 +674,22 @@ int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
 }  // namespace
 
 const char* pass_name(Pass pass) { return pass == Pass::forward ? "fwd" : "bwd"; }
+
+}  // namespace ballast::sim
+
+namespace ballast {
+
+void open_simulation_cache() { ++sim::step_time_cache().open_count; }
+
+void close_simulation_cache() {
+  sim::StepTimeCache& cache = sim::step_time_cache();
+  if (cache.open_count == 0) return;  // unmatched: nothing is open (called from destructors)
+  if (--cache.open_count == 0) cache.clear();
+}
+
+}  // namespace ballast
+
+namespace ballast::sim {
 
 void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   BALLAST_CHECK(!group.ranks.empty(), "a validated plan has no empty group");

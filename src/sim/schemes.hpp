@@ -2,6 +2,7 @@
 // Ulysses) and each point-to-point transfer (direct or routed) becomes tasks.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -27,6 +28,10 @@ struct BuildContext {
 };
 
 const char* pass_name(Pass pass);  ///< "fwd" or "bwd"
+
+/// How many ring and USP groups took their step times from this thread's cache
+/// (open_simulation_cache), for tests: the cached path must actually run.
+std::int64_t& step_time_cache_hit_count();
 
 /// A task's name, made on demand (only a graph that keeps names asks): a reference to a
 /// callable returning std::string that outlives the call, like the builders' lambdas. A

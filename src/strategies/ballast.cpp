@@ -496,6 +496,7 @@ class BallastPlanner final : public Planner {
   Plan plan(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
             const PlanEvaluator& evaluator) const override {
     make_plan_skeleton(batch, cost, kName);  // the input checks, before any member runs
+    const EvaluationSession session(evaluator);  // the candidates share most groups
     PlanEvaluation evaluation;
     const Planner* winner = nullptr;
     Plan best = best_of_portfolio(batch, cost, options, evaluator, evaluation, winner);

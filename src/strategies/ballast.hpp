@@ -222,6 +222,8 @@ class RememberingEvaluator final : public PlanEvaluator {
                                 int routing_chunks) const override {
     return inner_.transfer_time_floor_s(bytes_per_layer, src_rank, dst_rank, routing_proxies, routing_chunks);
   }
+  void open_session() const override { inner_.open_session(); }
+  void close_session() const override { inner_.close_session(); }
   /// Calls of evaluate_below() passed to `inner` and answered from memory.
   long long passed() const { return passed_; }
   long long remembered() const { return remembered_; }

@@ -232,6 +232,7 @@ Plan plan_zeppelin(const Batch& batch, const CostModel& cost, const PlanEvaluato
                    const Switches& switches, std::optional<int> even_degree,
                    const std::string& label, Seconds cap_s) {
   if (batch.lengths_tokens.empty()) return make_plan_skeleton(batch, cost, label);  // throws
+  const EvaluationSession session(evaluator);  // the candidates share most groups
   // Placements (docs/zeppelin.md, "Choosing among candidates"): what the placement balances
   // (attention + linear, or attention only for a remapped plan) and the straggler rule.
   // Each placement kind's candidates (the per-GPU default also runs the node-totals

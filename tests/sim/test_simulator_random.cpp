@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "ballast/simulator.hpp"
+#include "ballast/strategy.hpp"
 #include "sim/sim_fixtures.hpp"
+#include "schemes.hpp"
 #include "timeline.hpp"
 
 namespace ballast {
@@ -505,6 +507,74 @@ TEST(SimulatorRandom, EvaluatorStepTimesAndEarlyStopsMatchTheSimulation) {
   EXPECT_GT(stopped_early, 2 * 2 * 12);  // the stop runs, not only the full simulation
   EXPECT_GT(sim::path_stop_count() - path_stops_before, 2 * 2 * 12);  // and the path stops
   EXPECT_GT(waits_in_sync, 0);
+}
+
+TEST(SimulatorRandom, KeptStepTimesGiveTheSameStepsToTheBit) {
+  // Inside an EvaluationSession the simulator keeps ring and USP step times across
+  // simulations (open_simulation_cache). Random plans (rings, all-gathers, Ulysses and USP
+  // of any size, routed rings, several micro-batches) and copies with their micro-batches
+  // in reverse order (the same groups at other times and after other work), on two
+  // cost models (another model and a faster GPU: the same groups price differently) and
+  // on a packed and an unpacked cluster, simulated in one session in an
+  // interleaved order, twice: every step and rank time equals the one simulated without a
+  // session, to the bit, and the kept times are actually used.
+  std::int64_t hits = 0;
+  int checked = 0;
+  for (const bool packed : {false, true}) {
+    Cluster cluster = cluster_preset("a800-roce");
+    cluster.nodes = 2;
+    cluster.attention_tiles_packed = packed;
+    Cluster faster = cluster;  // the same links, GPUs of another peak: other compute times
+    faster.peak_flops_per_s *= 1.5;
+    const AnalyticalCostModel llama(cluster, model_preset("llama-7b"));
+    const AnalyticalCostModel gqa(faster, model_preset("llama3-8b"));
+    const std::vector<const CostModel*> costs{&llama, &gqa};
+    std::vector<Plan> plans;
+    for (unsigned seed = 1; seed <= 10; ++seed) {
+      PlanGenerator generator(llama, seed, 64, 4000);
+      if (seed % 2 == 0) generator.any_size(16).with_usp();
+      plans.push_back(generator.make());
+    }
+    for (std::size_t i = 0; i < 10; ++i) {  // the same groups in another order
+      if (plans[i].micro_batches.size() < 2) continue;
+      Plan reordered = plans[i];
+      std::reverse(reordered.micro_batches.begin(), reordered.micro_batches.end());
+      plans.push_back(std::move(reordered));
+    }
+    // References: no session, a fresh evaluation each.
+    std::vector<std::vector<PlanEvaluation>> reference(costs.size());
+    for (std::size_t c = 0; c < costs.size(); ++c) {
+      const SimulatorEvaluator evaluator(*costs[c]);
+      for (const Plan& plan : plans) reference[c].push_back(evaluator.evaluate(plan));
+    }
+    const SimulatorEvaluator llama_evaluator(llama), gqa_evaluator(gqa);
+    const std::vector<const SimulatorEvaluator*> evaluators{&llama_evaluator, &gqa_evaluator};
+    const std::int64_t hits_before = sim::step_time_cache_hit_count();
+    {
+      const EvaluationSession session(llama_evaluator);
+      const EvaluationSession nested(gqa_evaluator);  // sessions nest
+      for (int round = 0; round < 2; ++round) {
+        for (std::size_t p = 0; p < plans.size(); ++p) {
+          for (std::size_t c = 0; c < costs.size(); ++c) {
+            SCOPED_TRACE("packed " + std::to_string(packed) + " round " + std::to_string(round) +
+                         " plan " + std::to_string(p) + " cost " + std::to_string(c));
+            const PlanEvaluation got = evaluators[c]->evaluate(plans[p]);
+            EXPECT_EQ(got.step_time_s, reference[c][p].step_time_s);
+            EXPECT_EQ(got.rank_time_s, reference[c][p].rank_time_s);
+            EXPECT_EQ(got.rank_time_before_sync_s, reference[c][p].rank_time_before_sync_s);
+            ++checked;
+          }
+        }
+      }
+    }
+    hits += sim::step_time_cache_hit_count() - hits_before;
+    // Closed: nothing is kept (the same plan again takes no kept time).
+    const std::int64_t hits_closed = sim::step_time_cache_hit_count();
+    EXPECT_EQ(llama_evaluator.evaluate(plans.front()).step_time_s, reference[0][0].step_time_s);
+    EXPECT_EQ(sim::step_time_cache_hit_count(), hits_closed);
+  }
+  EXPECT_GE(checked, 2 * 2 * 2 * 10);
+  EXPECT_GT(hits, 100);
 }
 
 TEST(SimulatorRandom, UspOfOneStageOrOneRankPerStageCostsUlyssesOrRing) {
