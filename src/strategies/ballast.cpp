@@ -387,12 +387,27 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
         if (simulations_left == 0 || tries == 0) return false;
         if (tried[i]) continue;
         tried[i] = true;
-        Plan candidate = apply_move(plan, moves[i]);
-        if (!validate(candidate, cost).ok) continue;  // e.g. a rank out of memory
+        // The candidate: the plan with the move's micro-batches swapped in, the others not
+        // copied (swapped back unless accepted); a copy when the move appends or empties
+        // a micro-batch.
+        std::vector<MicroBatch> swapped_out;
+        std::optional<Plan> copied;
+        if (!swap_in_move(plan, moves[i], swapped_out)) copied = apply_move(plan, moves[i]);
+        const Plan& candidate = copied ? *copied : plan;
+        const auto reject = [&] {
+          if (!copied) swap_in_move_undo(plan, moves[i], swapped_out);
+        };
+        if (!validate(candidate, cost).ok) {  // e.g. a rank out of memory
+          reject();
+          continue;
+        }
         --simulations_left;
         --tries;
         PlanEvaluation candidate_evaluation = evaluator.evaluate_below(candidate, bound_s);
-        if (candidate_evaluation.step_time_s >= bound_s || !accept(candidate_evaluation)) continue;
+        if (candidate_evaluation.step_time_s >= bound_s || !accept(candidate_evaluation)) {
+          reject();
+          continue;
+        }
         if (candidate.micro_batches.size() != plan.micro_batches.size()) {
           raw = estimate_plan(candidate, cost, evaluator);  // a micro-batch emptied or appended
         } else {
@@ -400,7 +415,7 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
             raw.micro_batches[static_cast<std::size_t>(moves[i].edits[e].index)] = std::move(priced[i][e]);
           }
         }
-        plan = std::move(candidate);
+        if (copied) plan = std::move(*copied);
         evaluation = std::move(candidate_evaluation);
         offsets = rank_offsets(raw, rank_times(evaluation, loads));
         estimate = anchored(raw, offsets);

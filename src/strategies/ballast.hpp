@@ -180,6 +180,12 @@ std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>
 /// `plan` with the move's micro-batches replaced (an edit whose index is the plan's
 /// micro-batch count appends one) and those it emptied dropped.
 Plan apply_move(const Plan& plan, const Move& move);
+/// apply_move() in place, without copying the micro-batches the move keeps: each edited
+/// micro-batch is built (MicroBatchEdit::micro_batch) and swapped into `plan`, the old ones
+/// into `swapped_out`; swap_in_move_undo() puts them back. False, and `plan` untouched,
+/// when the move appends a micro-batch or empties one (apply_move() drops it).
+bool swap_in_move(Plan& plan, const Move& move, std::vector<MicroBatch>& swapped_out);
+void swap_in_move_undo(Plan& plan, const Move& move, std::vector<MicroBatch>& swapped_out);
 
 /// 128 bits digesting every field of a plan's micro-batches (two independent 64-bit mixes):
 /// what tells the search's candidates apart (they share the rest of the plan).

@@ -1429,6 +1429,28 @@ Plan apply_move(const Plan& plan, const Move& move) {
   return moved;
 }
 
+bool swap_in_move(Plan& plan, const Move& move, std::vector<MicroBatch>& swapped_out) {
+  std::vector<MicroBatch> built;
+  built.reserve(move.edits.size());
+  for (const MicroBatchEdit& edit : move.edits) {
+    if (static_cast<std::size_t>(edit.index) >= plan.micro_batches.size()) return false;  // appended
+    built.push_back(edit.micro_batch());
+    if (built.back().groups.empty()) return false;  // emptied: apply_move() drops it
+  }
+  // Every edit built from the plan as it is before any swap (an edit reads its base).
+  swapped_out = std::move(built);
+  for (std::size_t e = 0; e < move.edits.size(); ++e) {
+    std::swap(plan.micro_batches[static_cast<std::size_t>(move.edits[e].index)], swapped_out[e]);
+  }
+  return true;
+}
+
+void swap_in_move_undo(Plan& plan, const Move& move, std::vector<MicroBatch>& swapped_out) {
+  for (std::size_t e = move.edits.size(); e-- > 0;) {
+    std::swap(plan.micro_batches[static_cast<std::size_t>(move.edits[e].index)], swapped_out[e]);
+  }
+}
+
 std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>& ids, const Plan& plan,
                                                 const CostModel& cost) {
   std::vector<int> ranks(static_cast<std::size_t>(cost.cluster().ranks()));

@@ -145,9 +145,12 @@ TEST(BallastEstimate, AgreesWithTheSimulator) {
 
 // The fast path (cached groups, only the moved ones priced, ranks left alone kept) against
 // the reference (the candidate micro-batch priced from scratch): equal for every move of
-// every phase of every plan; and every move keeps each sequence of the batch once.
+// every phase of every plan; every move keeps each sequence of the batch once; and the
+// search's in-place candidate (swap_in_move) is apply_move()'s plan, which its undo
+// restores, or declined (a micro-batch appended or emptied).
 TEST(BallastEstimate, IncrementalEqualsFromScratch) {
   int moves_checked = 0;
+  int swapped_in = 0, declined = 0;
   for (const CostSetup& setup : setups()) {
     const CostModel& cost = *setup.cost;
     const SimulatorEvaluator evaluator(cost);
@@ -175,12 +178,30 @@ TEST(BallastEstimate, IncrementalEqualsFromScratch) {
           }
           ASSERT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<std::ptrdiff_t>(seen.size()))
               << setup.label << " " << planner->name() << " " << move_name(move.kind);
+          {
+            Plan in_place = plan;
+            std::vector<MicroBatch> swapped_out;
+            if (swap_in_move(in_place, move, swapped_out)) {
+              ++swapped_in;
+              ASSERT_EQ(plan_to_string(in_place), plan_to_string(apply_move(plan, move)))
+                  << setup.label << " " << planner->name() << " " << move_name(move.kind);
+              swap_in_move_undo(in_place, move, swapped_out);
+              ASSERT_EQ(plan_to_string(in_place), plan_to_string(plan));
+            } else {
+              ++declined;
+              ASSERT_EQ(plan_to_string(in_place), plan_to_string(plan));  // untouched
+              ASSERT_NE(apply_move(plan, move).micro_batches.size(), plan.micro_batches.size())
+                  << setup.label << " " << planner->name() << " " << move_name(move.kind);
+            }
+          }
           for (const MicroBatchEdit& edit : move.edits) {
             const bool appended = static_cast<std::size_t>(edit.index) == plan.micro_batches.size();
             // Each group is the plan's (kept) or the edit's own, never both.
             for (std::size_t g = 0; g < edit.group_count(); ++g) {
               ASSERT_NE(edit.origin[g] >= 0, edit.added_index[g] >= 0);
-              if (edit.origin[g] >= 0) ASSERT_FALSE(appended);
+              if (edit.origin[g] >= 0) {
+                ASSERT_FALSE(appended);
+              }
             }
             const MicroBatchEstimate* before =
                 appended ? nullptr : &estimate.micro_batches[static_cast<std::size_t>(edit.index)];
@@ -196,6 +217,8 @@ TEST(BallastEstimate, IncrementalEqualsFromScratch) {
     }
   }
   EXPECT_GT(moves_checked, 100);
+  EXPECT_GT(swapped_in, 100);
+  EXPECT_GT(declined, 0);
 }
 
 // The anchored estimate of a plan gives each rank exactly its simulated time (split over
@@ -858,7 +881,9 @@ TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
         in_first += m == 0 ? static_cast<int>(group.sequences.size()) : 0;
       }
     }
-    if (kept) EXPECT_EQ(in_first, 64);
+    if (kept) {
+      EXPECT_EQ(in_first, 64);
+    }
     // The ring's members (0-7) keep fewer documents than the other node's ranks.
     const int members = std::accumulate(documents.begin(), documents.begin() + 8, 0);
     EXPECT_EQ(members + std::accumulate(documents.begin() + 8, documents.end(), 0), 64);
