@@ -57,6 +57,11 @@ struct LowerBound {
   Seconds overhead_s = 0;          ///< memory-forced micro-batches * per-micro-batch overhead
   Seconds gradient_sync_s = 0;     ///< the part of the gradient sync no schedule hides
   std::int64_t min_micro_batches = 1;  ///< ceil(total tokens / (ranks * token capacity))
+  /// An MoE model's expert load imbalance no plan avoids, per rank (in the spread's term,
+  /// with the micro-batch overheads and latencies a plan of that many micro-batches pays
+  /// beyond the min_micro_batches already counted; docs/simulator.md section 7); 0 for a
+  /// dense model.
+  Seconds expert_imbalance_s = 0;
   /// The longest sequence's attention on the best group for it: over every scheme and
   /// group size, its compute shared by the members plus the communication the scheme's
   /// dependencies cannot overlap with it (docs/simulator.md section 7); 0 for an empty batch.
@@ -80,7 +85,8 @@ inline double gap_to_lower_bound(Seconds step_s, Seconds lower_bound_s) {
   return lower_bound_s > 0 ? step_s / lower_bound_s - 1.0 : 0.0;
 }
 
-/// max(compute / ranks, ..., the longest sequence's best group time) + overheads (with TP,
+/// max(compute / ranks (with an MoE model's expert load imbalance no plan avoids), ..., the
+/// longest sequence's best group time) + overheads (with TP,
 /// the TP collectives' latency per rank-micro-batch too) + the gradient sync that no
 /// schedule hides (all
 /// of it with GradientSync::end; its last bucket, which waits for the end of the last

@@ -166,6 +166,7 @@ class LowerBound:
     overhead_s: float
     gradient_sync_s: float
     min_micro_batches: int
+    expert_imbalance_s: float
     longest_sequence_s: float
     gradient_buckets_s: float
     first_bucket_ready_s: float

@@ -495,6 +495,7 @@ PYBIND11_MODULE(_ballast, m) {
       .def_readonly("overhead_s", &LowerBound::overhead_s)
       .def_readonly("gradient_sync_s", &LowerBound::gradient_sync_s)
       .def_readonly("min_micro_batches", &LowerBound::min_micro_batches)
+      .def_readonly("expert_imbalance_s", &LowerBound::expert_imbalance_s)
       .def_readonly("longest_sequence_s", &LowerBound::longest_sequence_s)
       .def_readonly("gradient_buckets_s", &LowerBound::gradient_buckets_s)
       .def_readonly("first_bucket_ready_s", &LowerBound::first_bucket_ready_s)

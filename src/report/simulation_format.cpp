@@ -22,6 +22,7 @@ nlohmann::ordered_json report_to_json(const SimulationReport& report) {
                          {"overhead_s", report.lower_bound.overhead_s},
                          {"gradient_sync_s", report.lower_bound.gradient_sync_s},
                          {"min_micro_batches", report.lower_bound.min_micro_batches},
+                         {"expert_imbalance_s", report.lower_bound.expert_imbalance_s},
                          {"longest_sequence_s", report.lower_bound.longest_sequence_s},
                          {"gradient_buckets_s", report.lower_bound.gradient_buckets_s},
                          {"first_bucket_ready_s", report.lower_bound.first_bucket_ready_s},

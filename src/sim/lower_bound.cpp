@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "ballast/error.hpp"
@@ -18,7 +21,7 @@ namespace {
 /// its compute tasks, never beside them, so every token's share adds to some rank's serial
 /// time; their latency is paid once per rank and micro-batch. Both passes, the forward's
 /// twice under full recomputation (linear_collectives_time_s). An MoE model's expert
-/// imbalance is left out: it only adds time (expert_imbalance_time_s >= 0).
+/// load imbalance is its own term (expert_imbalance_floor_s).
 Seconds tensor_parallel_bandwidth_s(Tokens tokens, const CostModel& cost) {
   if (tokens <= 0) return 0.0;
   return cost.linear_collectives_time_s(tokens) - cost.linear_collectives_latency_s();
@@ -232,6 +235,101 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
   return std::isfinite(best_s) ? best_s : 0.0;
 }
 
+/// Micro-batch counts the MoE term scans at most (on Zeppelin's MoE scenarios its stop
+/// comes after about 3,000).
+constexpr std::int64_t kMaxScannedMicroBatches = 4096;
+
+/// min_{m <= i} Model::expert_load_factor(m) for i < `count`, kept per routing (seed,
+/// layers, experts, expert-parallel degree, skew) for the process: each factor costs
+/// layers x experts draws, and every simulation of a step computes the bound (a compare of
+/// ten strategies over four steps, forty times). Thread-safe; grown on demand.
+std::vector<double> least_load_factors(const Model& model, std::int64_t count) {
+  using Key = std::tuple<std::uint64_t, int, int, int, double>;
+  static std::mutex mutex;
+  static std::map<Key, std::vector<double>> known;
+  const Key key{model.routing_seed, model.layers, model.experts, model.expert_parallel,
+                model.routing_skew_cv};
+  std::vector<double> least;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = known.find(key); it != known.end()) least = it->second;
+  }
+  if (static_cast<std::int64_t>(least.size()) >= count) {
+    least.resize(static_cast<std::size_t>(count));
+    return least;
+  }
+  for (auto m = static_cast<std::int64_t>(least.size()); m < count; ++m) {
+    const double factor = model.expert_load_factor(m);
+    least.push_back(least.empty() ? factor : std::min(least.back(), factor));
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::vector<double>& kept = known[key];
+  if (kept.size() < least.size()) kept = least;
+  return least;
+}
+
+/// An MoE model's expert load imbalance that no plan avoids, with what a plan of more
+/// micro-batches pays for a smaller one, per rank, beyond the spread's terms for
+/// `min_micro_batches` micro-batches (docs/simulator.md section 7). Micro-batch m adds
+/// (f_m - 1) x the experts' share s of the linear time of every linear token in it on
+/// the token's rank (CostModel::expert_imbalance_time_s, f_m =
+/// Model::expert_load_factor(m) >= 1; the forward's twice under full recomputation). A
+/// valid plan of M micro-batches has a linear token in each (validate(): no empty
+/// micro-batch, group, sequence or chunk, and every sequence here is at least 1 token
+/// long), so its ranks add at least (min_{m<M} f_m - 1) s W in all (W: the linear time of
+/// every token, each pass; proportional to the tokens, so shared out it sums the same),
+/// and pay M overheads o and at least max(M, slots) linear-collective latencies c. Per
+/// rank, over M >= min_micro_batches:
+///   min_M  M o + max(M, slots) c / ranks + (min_{m<M} f_m - 1) s W / ranks
+/// less its value without the imbalance at min_micro_batches (what the spread has). The
+/// scan stops once M o + max(M, slots) c / ranks alone reaches the best (f >= 1), or after
+/// kMaxScannedMicroBatches, counting any larger M at that part alone (valid, weaker). 0 for
+/// a dense model, an expert-parallel degree of 1, no routing skew, an empty batch or a
+/// zero-length sequence (a micro-batch of zero-length sequences holds no linear token).
+Seconds expert_imbalance_floor_s(std::span<const Tokens> lengths_tokens, Tokens total_tokens,
+                                 std::int64_t min_micro_batches, Tokens slots, const CostModel& cost) {
+  const Model& model = cost.model();
+  if (!model.is_moe() || model.expert_parallel <= 1 || !(model.routing_skew_cv > 0)) return 0.0;
+  if (total_tokens <= 0) return 0.0;
+  for (Tokens length : lengths_tokens) {
+    if (length <= 0) return 0.0;
+  }
+  const double ranks = cost.cluster().ranks();
+  const Seconds overhead_s =
+      cost.micro_batch_overhead_s(Pass::forward) + cost.micro_batch_overhead_s(Pass::backward);
+  const Seconds latency_s = cost.linear_collectives_latency_s();
+  const double share = model.expert_flops_per_token() / model.linear_flops_per_token();
+  const Seconds imbalance_per_excess_s =
+      share *
+      (model.forward_passes() * cost.linear_time_s(total_tokens, Pass::forward) +
+       cost.linear_time_s(total_tokens, Pass::backward)) /
+      ranks;
+  const auto paid_s = [&](std::int64_t micro_batches) {
+    return static_cast<double>(micro_batches) * overhead_s +
+           static_cast<double>(std::max<std::int64_t>(micro_batches, slots)) * latency_s / ranks;
+  };
+  const std::int64_t first = std::max<std::int64_t>(1, min_micro_batches);
+  std::vector<double> least;  // least_load_factors, fetched in growing blocks
+  Seconds best_s = INFINITY;
+  std::int64_t micro_batches = first;
+  for (std::int64_t scanned = 0;; ++scanned, ++micro_batches) {
+    if (paid_s(micro_batches) >= best_s) break;
+    if (scanned == kMaxScannedMicroBatches) {
+      best_s = std::min(best_s, paid_s(micro_batches));  // larger counts: no imbalance counted
+      break;
+    }
+    if (static_cast<std::int64_t>(least.size()) < micro_batches) {
+      least = least_load_factors(
+          model, std::min(first + kMaxScannedMicroBatches,
+                          std::max<std::int64_t>(micro_batches, 2 * static_cast<std::int64_t>(least.size()) + 64)));
+    }
+    const double least_factor = least[static_cast<std::size_t>(micro_batches - 1)];
+    best_s = std::min(best_s, paid_s(micro_batches) +
+                                  std::max(0.0, least_factor - 1.0) * imbalance_per_excess_s);
+  }
+  return std::max(0.0, best_s - paid_s(std::max<std::int64_t>(1, min_micro_batches)));
+}
+
 }  // namespace
 
 LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& cost,
@@ -278,8 +376,10 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   // collectives' latency: at least ceil(total / capacity) such slots exist, shared by all
   // ranks.
   const Tokens slots = ceil_div(total_tokens, capacity_tokens);
+  bound.expert_imbalance_s =
+      expert_imbalance_floor_s(lengths_tokens, total_tokens, bound.min_micro_batches, slots, cost);
   const Seconds spread_s = bound.compute_per_rank_s + bound.overhead_s +
-                           static_cast<double>(slots) * per_slot_s / ranks;
+                           static_cast<double>(slots) * per_slot_s / ranks + bound.expert_imbalance_s;
   // The rank with the most linear tokens holds >= ceil(total / ranks) of them, at most
   // `capacity` per micro-batch, so it runs >= min_micro_batches micro-batches.
   const Tokens fullest_tokens = ceil_div(total_tokens, ranks);

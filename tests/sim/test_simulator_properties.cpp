@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "ballast/error.hpp"
@@ -411,6 +413,74 @@ TEST(SimulatorScale, FourThousandRanksHundredThousandLocalSequences) {
   const SimulationReport report = simulate(plan, cost);
   EXPECT_EQ(report.ranks.size(), 4096u);
   EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+}
+
+// An MoE model's expert load imbalance (docs/simulator.md section 7, `moe`): micro-batch m
+// adds (f_m - 1) x the experts' share of its linear time. The bound counts the least f_m a
+// plan of M micro-batches can pick, so plans that put nearly every token in the
+// micro-batch with the smallest f_m among the first M (one 16-token document in each of
+// the others), for M = 1 .. 40, and the same with the largest, all simulate at or above
+// it; the term is there (> 0) and is 0 when a zero-length sequence could make a micro-batch
+// without linear tokens.
+TEST(LowerBound, ExpertImbalanceNoPlanAvoids) {
+  const auto cost = make_cost_model(load_cost_model_spec("analytical"), load_cluster("h800", 1),
+                                    load_model("moe-8x550m"));
+  const int ranks = cost->cluster().ranks();
+  ASSERT_EQ(ranks, 8);
+  ASSERT_GT(cost->model().expert_parallel, 1);
+  const int per_rank = 4;
+  const Tokens heavy_tokens = 2048;
+  int checked = 0;
+  Seconds least_slack_s = INFINITY;
+  for (int micro_batches = 1; micro_batches <= 40; ++micro_batches) {
+    std::vector<double> factor;
+    for (int m = 0; m < micro_batches; ++m) factor.push_back(cost->model().expert_load_factor(m));
+    for (const bool least : {true, false}) {
+      const auto chosen = static_cast<int>(
+          (least ? std::min_element(factor.begin(), factor.end()) : std::max_element(factor.begin(), factor.end())) -
+          factor.begin());
+      std::vector<Tokens> lengths;
+      Plan plan;
+      std::vector<MicroBatch> micro(static_cast<std::size_t>(micro_batches));
+      for (int m = 0; m < micro_batches; ++m) {
+        if (m == chosen) {
+          for (int r = 0; r < ranks; ++r) {
+            std::vector<testing::SequenceSpec> documents;
+            for (int d = 0; d < per_rank; ++d) {
+              const auto id = static_cast<std::int64_t>(lengths.size());
+              lengths.push_back(heavy_tokens);
+              documents.push_back({id, {{r, 0, heavy_tokens}}});
+            }
+            micro[static_cast<std::size_t>(m)].groups.push_back(
+                testing::make_group(Scheme::local, {r}, documents));
+          }
+        } else {
+          const auto id = static_cast<std::int64_t>(lengths.size());
+          lengths.push_back(16);
+          micro[static_cast<std::size_t>(m)].groups.push_back(testing::local_group(m % ranks, id, 16));
+        }
+      }
+      plan = testing::empty_plan(*cost, lengths);
+      plan.micro_batches = std::move(micro);
+      for (const GradientSync sync : {GradientSync::end, GradientSync::overlap}) {
+        SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " + (least ? "least" : "largest") + " f_m");
+        const SimulationReport report = simulate(plan, *cost, {.gradient_sync = sync});
+        EXPECT_GT(report.lower_bound.expert_imbalance_s, 0.0);
+        EXPECT_LE(report.lower_bound.time_s, report.step_time_s * (1 + 1e-12));
+        if (least) least_slack_s = std::min(least_slack_s, report.step_time_s - report.lower_bound.time_s);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 40 * 2 * 2);
+  EXPECT_GE(least_slack_s, 0.0);
+  // A zero-length sequence: a micro-batch of such holds no linear token, so no term.
+  EXPECT_EQ(lower_bound(std::vector<Tokens>{0, 2048, 2048}, *cost).expert_imbalance_s, 0.0);
+  EXPECT_GT(lower_bound(std::vector<Tokens>{1, 2048, 2048}, *cost).expert_imbalance_s, 0.0);
+  // A dense model has none.
+  const auto dense = make_cost_model(load_cost_model_spec("analytical"), load_cluster("h800", 1),
+                                     load_model("llama-7b"));
+  EXPECT_EQ(lower_bound(std::vector<Tokens>{2048, 2048}, *dense).expert_imbalance_s, 0.0);
 }
 
 }  // namespace
