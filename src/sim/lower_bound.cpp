@@ -286,14 +286,11 @@ std::vector<double> least_load_factors(const Model& model, std::int64_t count) {
 /// kMaxScannedMicroBatches, counting any larger M at that part alone (valid, weaker). 0 for
 /// a dense model, an expert-parallel degree of 1, no routing skew, an empty batch or a
 /// zero-length sequence (a micro-batch of zero-length sequences holds no linear token).
-Seconds expert_imbalance_floor_s(std::span<const Tokens> lengths_tokens, Tokens total_tokens,
+Seconds expert_imbalance_floor_s(Tokens shortest_tokens, Tokens total_tokens,
                                  std::int64_t min_micro_batches, Tokens slots, const CostModel& cost) {
   const Model& model = cost.model();
   if (!model.is_moe() || model.expert_parallel <= 1 || !(model.routing_skew_cv > 0)) return 0.0;
-  if (total_tokens <= 0) return 0.0;
-  for (Tokens length : lengths_tokens) {
-    if (length <= 0) return 0.0;
-  }
+  if (total_tokens <= 0 || shortest_tokens <= 0) return 0.0;
   const double ranks = cost.cluster().ranks();
   const Seconds overhead_s =
       cost.micro_batch_overhead_s(Pass::forward) + cost.micro_batch_overhead_s(Pass::backward);
@@ -341,6 +338,7 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
                                  lengths_tokens.size(), kMaxBatchSequences));
   }
   Tokens total_tokens = 0;  // at most 10^6 x 2^31 < 2^51
+  Tokens shortest_tokens = kMaxSequenceTokens;
   for (Tokens length : lengths_tokens) {
     if (length < 0) {
       throw InputError(
@@ -352,6 +350,7 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
           kMaxSequenceTokens));
     }
     total_tokens += length;
+    shortest_tokens = std::min(shortest_tokens, length);
   }
   const Tokens capacity_tokens = cost.token_capacity_per_rank();
   const Seconds overhead_s =
@@ -377,7 +376,7 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   // ranks.
   const Tokens slots = ceil_div(total_tokens, capacity_tokens);
   bound.expert_imbalance_s =
-      expert_imbalance_floor_s(lengths_tokens, total_tokens, bound.min_micro_batches, slots, cost);
+      expert_imbalance_floor_s(shortest_tokens, total_tokens, bound.min_micro_batches, slots, cost);
   const Seconds spread_s = bound.compute_per_rank_s + bound.overhead_s +
                            static_cast<double>(slots) * per_slot_s / ranks + bound.expert_imbalance_s;
   // The rank with the most linear tokens holds >= ceil(total / ranks) of them, at most

@@ -195,21 +195,13 @@ struct StepTimeCache {
   int open_count = 0;
   std::size_t held_values = 0;
   std::unordered_map<StepKey, std::vector<Seconds>, StepKeyHash> times;
+  std::int64_t hits = 0;  ///< for tests (step_time_cache_hit_count); clear() keeps it
 
   void clear() {
     times = {};
     held_values = 0;
   }
 };
-
-}  // namespace
-
-std::int64_t& step_time_cache_hit_count() {
-  thread_local std::int64_t count = 0;
-  return count;
-}
-
-namespace {
 
 StepTimeCache& step_time_cache() {
   thread_local StepTimeCache cache;
@@ -234,7 +226,7 @@ std::vector<Seconds>* cached_step_times(const BuildContext& ctx, const Attention
   StepKey key = step_key(ctx, group, layout, head_split, ulysses_degree, pass);
   const auto found = cache.times.find(key);
   if (found != cache.times.end()) {
-    ++step_time_cache_hit_count();
+    ++cache.hits;
     return &found->second;
   }
   const std::size_t values = entries + key.size();
@@ -674,6 +666,8 @@ int add_routed_transfer(BuildContext& ctx, int src_rank, int dst_rank, Bytes byt
 }  // namespace
 
 const char* pass_name(Pass pass) { return pass == Pass::forward ? "fwd" : "bwd"; }
+
+std::int64_t& step_time_cache_hit_count() { return step_time_cache().hits; }
 
 }  // namespace ballast::sim
 

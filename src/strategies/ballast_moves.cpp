@@ -1434,8 +1434,8 @@ bool swap_in_move(Plan& plan, const Move& move, std::vector<MicroBatch>& swapped
   built.reserve(move.edits.size());
   for (const MicroBatchEdit& edit : move.edits) {
     if (static_cast<std::size_t>(edit.index) >= plan.micro_batches.size()) return false;  // appended
+    if (edit.group_count() == 0) return false;  // emptied: apply_move() drops it
     built.push_back(edit.micro_batch());
-    if (built.back().groups.empty()) return false;  // emptied: apply_move() drops it
   }
   // Every edit built from the plan as it is before any swap (an edit reads its base).
   swapped_out = std::move(built);

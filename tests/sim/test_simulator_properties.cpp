@@ -440,7 +440,6 @@ TEST(LowerBound, ExpertImbalanceNoPlanAvoids) {
           (least ? std::min_element(factor.begin(), factor.end()) : std::max_element(factor.begin(), factor.end())) -
           factor.begin());
       std::vector<Tokens> lengths;
-      Plan plan;
       std::vector<MicroBatch> micro(static_cast<std::size_t>(micro_batches));
       for (int m = 0; m < micro_batches; ++m) {
         if (m == chosen) {
@@ -460,7 +459,7 @@ TEST(LowerBound, ExpertImbalanceNoPlanAvoids) {
           micro[static_cast<std::size_t>(m)].groups.push_back(testing::local_group(m % ranks, id, 16));
         }
       }
-      plan = testing::empty_plan(*cost, lengths);
+      Plan plan = testing::empty_plan(*cost, lengths);
       plan.micro_batches = std::move(micro);
       for (const GradientSync sync : {GradientSync::end, GradientSync::overlap}) {
         SCOPED_TRACE(std::to_string(micro_batches) + " micro-batches, " + (least ? "least" : "largest") + " f_m");
