@@ -13,8 +13,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ballast = next((a for a in sys.argv[1:] if not a.startswith("--")), "build/tools/ballast")
-jobs = int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else 2
+jobs_at = sys.argv.index("--jobs") + 1 if "--jobs" in sys.argv else None
+jobs = int(sys.argv[jobs_at]) if jobs_at is not None else 2
+# The binary: the first argument that is neither an option nor --jobs' value.
+ballast = next((a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and i != jobs_at),
+               "build/tools/ballast")
 
 
 finished = []
