@@ -292,14 +292,20 @@ Seconds CostModel::all_gather_time_s(std::span<const int> ranks,
 
 namespace {
 
-/// Bus bandwidth and latency of the data-parallel gradient all-reduce over the cluster:
-/// across nodes NCCL's busbw per GPU is its NIC share; inside a node the NVLink bus
-/// bandwidth. Latency: a tree, 2 log2(N) hops.
+/// Bus bandwidth and latency of the data-parallel gradient all-reduce over the cluster.
+/// Inside a node: the NVLink bus bandwidth. Across nodes NCCL's rings run inside each node
+/// over NVLink and leave it through its NICs, one channel per NIC: a node sends and
+/// receives 2 (N-1)/N of one rank's gradient bytes in all (not each of its ranks' bytes),
+/// so the busbw is the node's NICs together, at most the NVLink bus bandwidth. nccl-tests
+/// all_reduce_perf rows (docs/cost-model.md, "Gradient sync"): 8x A100 with 4 HDR NICs per
+/// node 84.8-96 GB/s (NVIDIA/nccl-tests#119, 3 nodes; #175, 2 nodes: 86), 8x H100 with 8
+/// NDR NICs 365.84 GB/s (#309, 4 nodes), against 4 x 24 = 96 and min(370, 8 x 47) here.
+/// Latency: a tree, 2 log2(N) hops.
 std::pair<double, Seconds> gradient_sync_link(const Cluster& cluster) {
   const int ranks = cluster.ranks();
   const bool multi_node = cluster.nodes > 1;
   const double bw = multi_node ? std::min(cluster.intra_node_bus_bw_bytes_per_s,
-                                          cluster.nic_bw_bytes_per_s / cluster.gpus_per_nic())
+                                          cluster.nic_bw_bytes_per_s * cluster.nics_per_node)
                                : cluster.intra_node_bus_bw_bytes_per_s;
   const double latency_s = multi_node ? cluster.inter_node_latency_s : cluster.intra_node_latency_s;
   return {bw, 2.0 * std::ceil(std::log2(ranks)) * latency_s};

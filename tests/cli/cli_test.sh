@@ -62,8 +62,9 @@ for o, e in zip(overlap["results"], end["results"]):
     if o["error"] is not None:
         continue
     # Buckets wait for every rank, so a strategy whose ranks end at different times
-    # (hybrid-dp) may hide nothing and pay each bucket's latency: at most a few % more.
-    assert 0 <= o["gradient_sync_exposed_s"] <= 1.05 * e["gradient_sync_exposed_s"], (o, e)
+    # (hybrid-dp) may hide nothing and pay each bucket's latency: 32 buckets x 2 log2(64)
+    # hops x 30 us = 11.5 ms more on h100 (of a 72 ms sync), and a few % more.
+    assert 0 <= o["gradient_sync_exposed_s"] <= 1.05 * e["gradient_sync_exposed_s"] + 0.0116, (o, e)
     if o["strategy"] in ("static-cp", "static-ulysses"):  # synchronous: hides most of it
         assert o["gradient_sync_exposed_s"] < 0.5 * e["gradient_sync_exposed_s"], (o, e)
         assert o["step_time_s"] < e["step_time_s"], (o, e)

@@ -176,14 +176,23 @@ TEST(SimulatorRandom, LowerBoundHoldsAndTimesAddUp) {
   }
 }
 
-// Short batches on 16 GPUs, whose 32 overlapped gradient buckets (~2 s over RoCE) take
+/// 2 nodes of 8 A800s behind one 100 Gb/s NIC each (12 GB/s): a gradient sync of llama-7b
+/// (2.1 s) longer than its backward pass on a few thousand tokens per rank.
+Cluster slow_sync_cluster() {
+  Cluster cluster = cluster_preset("a800-roce");
+  cluster.nodes = 2;
+  cluster.nics_per_node = 1;
+  cluster.nic_bw_bytes_per_s = 12e9;
+  return cluster;
+}
+
+// Short batches on 16 GPUs, whose 32 overlapped gradient buckets (~2 s over one slow NIC) take
 // longer than the backward pass (~1 s): the bound's sync term (the first bucket after the
 // forward pass, docs/simulator.md section 7) binds and holds, with several micro-batches
 // and full recomputation (the rerun forward counts as backward time); an even plan of
 // local groups comes within 10% of it.
 TEST(SimulatorRandom, GradientBucketsAfterTheForwardPassBoundTheStep) {
-  Cluster cluster = cluster_preset("a800-roce");
-  cluster.nodes = 2;
+  Cluster cluster = slow_sync_cluster();
   int sync_binds = 0;
   for (const Recompute recompute : {Recompute::selective, Recompute::full}) {
     Model model = model_preset("llama-7b");
@@ -217,8 +226,7 @@ TEST(SimulatorRandom, GradientBucketsAfterTheForwardPassBoundTheStep) {
 // ~8K tokens (llama-7b), every rank near its capacity in each: local documents, and 2- or
 // 4-rank rings of documents longer than the capacity.
 TEST(SimulatorRandom, OnlyTheLastMicroBatchHidesGradientBuckets) {
-  Cluster cluster = cluster_preset("a800-roce");
-  cluster.nodes = 2;
+  Cluster cluster = slow_sync_cluster();
   int sync_binds = 0;
   for (const Recompute recompute : {Recompute::selective, Recompute::full}) {
     Model model = model_preset("llama-7b");

@@ -53,6 +53,19 @@ const std::vector<CostSetup>& setups() {
   return all;
 }
 
+/// h100 2 x 8 with llama3-8b behind one NDR NIC per node (47 GB/s; FlexSP's A100 nodes
+/// have one per 8 GPUs too): the overlapped gradient sync (0.64 s, 32 buckets) is long
+/// against a batch of a few documents per rank, so where the last micro-batch's backward
+/// pass hides it matters. With 8 NICs it takes an eighth of that.
+const CostModel& one_nic_cost() {
+  static const std::unique_ptr<CostModel> cost = [] {
+    Cluster cluster = load_cluster("h100", 2);
+    cluster.nics_per_node = 1;
+    return make_cost_model(load_cost_model_spec("analytical"), cluster, load_model("llama3-8b"));
+  }();
+  return *cost;
+}
+
 /// The planner's plan of the batch, or nothing when it raises PlanningError (a strategy
 /// that cannot hold the batch is skipped by every comparison below).
 std::optional<Plan> plan_or_skip(const Planner& planner, const Batch& batch, const CostModel& cost,
@@ -93,12 +106,14 @@ constexpr int kBatchesPerSetup = 6;
 
 // The estimate against the simulator on every strategy's plans, as measured over these 4
 // setups x 6 batches x 8 strategies (171 plans; docs/strategies.md, "ballast"): ratio
-// estimate / simulated per plan 0.716 to 1.329, so within [kMinRatio, kMaxRatio]; of the
-// 340 pairs of plans of one batch whose simulated steps differ by more than kPairMargin,
-// the estimate orders 92.4% as the simulator does (at least kMinPairShare). Coarse: the
-// search uses it to order candidates, and only the simulator accepts one.
-constexpr double kMinRatio = 0.70;
-constexpr double kMaxRatio = 1.35;
+// estimate / simulated per plan 0.895 to 1.564, so within [kMinRatio, kMaxRatio]; of the
+// 317 pairs of plans of one batch whose simulated steps differ by more than kPairMargin,
+// the estimate orders 93.1% as the simulator does (at least kMinPairShare). Coarse: the
+// search uses it to order candidates, and only the simulator accepts one. (0.716 to 1.329
+// and 92.4% of 340 while the gradient sync, which both price alike, took 8x longer across
+// nodes: docs/cost-model.md, "Gradient sync".)
+constexpr double kMinRatio = 0.85;
+constexpr double kMaxRatio = 1.65;
 constexpr double kPairMargin = 0.05;
 constexpr double kMinPairShare = 0.90;
 
@@ -776,7 +791,7 @@ TEST(BallastMoves, GrowTakesAnotherGroupsRanksOrANodeOfLocalDocuments) {
 // other variants keep the 1, 2, 4 or 8 longest in the ring and deal the rest. Only the
 // second phase generates it.
 TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
-  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const CostModel& cost = one_nic_cost();
   const SimulatorEvaluator evaluator(cost);
   std::vector<Tokens> lengths(16, 2000);
   lengths[5] = 3000;  // the longest, kept by every variant that keeps some
@@ -843,7 +858,7 @@ TEST(BallastMoves, DissolveDealsAGroupsDocumentsLocally) {
 // where each rank has the most room; last-first, into micro-batch 1 where it has room.
 // The ring is untouched and the step shorter.
 TEST(BallastMoves, ReDealDealsEveryLocalDocumentOnceByTheWholeStep) {
-  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const CostModel& cost = one_nic_cost();
   const SimulatorEvaluator evaluator(cost);
   const Plan plan = shorts_then_ring(cost);
   const AttentionGroup ring = plan.micro_batches[1].groups.front();
@@ -966,7 +981,7 @@ Plan documents_in_two_micro_batches(const CostModel& cost, First first, Second s
 // fill-last (the fourth phase only) swaps the counts on every rank, so each rank keeps
 // its four documents and the sync is hidden behind three of them: the step is shorter.
 TEST(BallastMoves, FillLastPutsEachRanksDocumentsInTheLastMicroBatch) {
-  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const CostModel& cost = one_nic_cost();
   const SimulatorEvaluator evaluator(cost);
   const Plan plan = documents_in_two_micro_batches(cost, [](int) { return 3; }, [](int) { return 1; });
   ASSERT_TRUE(validate(plan, cost).ok) << validate(plan, cost).message;
@@ -1010,7 +1025,7 @@ TEST(BallastMoves, FillLastPutsEachRanksDocumentsInTheLastMicroBatch) {
 // last-first re-deal levels them too, three in the last micro-batch, where the backward
 // pass hides the overlapped gradient sync: the step is shorter.
 TEST(BallastMoves, ReDealIntoTheLastMicroBatchFirst) {
-  const CostModel& cost = *setups().front().cost;  // h100 2 x 8
+  const CostModel& cost = one_nic_cost();
   const SimulatorEvaluator evaluator(cost);
   const Plan plan =
       documents_in_two_micro_batches(cost, [](int) { return 2; }, [](int rank) { return rank < 8 ? 1 : 3; });
