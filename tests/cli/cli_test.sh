@@ -96,6 +96,24 @@ code=$(run "$work/scenario.txt" "$work/err" "$ballast" compare --scenario prolon
 check "compare scenario exits 0" test "$code" = 0
 check "compare scenario uses its cluster" has "$work/scenario.txt" "a800-roce"
 
+# plan --scenario takes the scenario's workload, as simulate --scenario does: the plan it
+# writes simulates to the step simulate --scenario reports; a flag overrides the scenario.
+code=$(run "$work/scenario_plan.json" "$work/err" "$ballast" plan --scenario zeppelin-h200-3b-prolong --steps 1 --strategy flexsp-fast -o "$work/scenario_plan.json")
+check "plan --scenario exits 0" test "$code" = 0
+code=$(run "$work/scenario_plan_sim.json" "$work/err" "$ballast" simulate --plan "$work/scenario_plan.json" --format json)
+check "simulate --plan of it exits 0" test "$code" = 0
+code=$(run "$work/scenario_sim.json" "$work/err" "$ballast" simulate --scenario zeppelin-h200-3b-prolong --steps 1 --strategy flexsp-fast --format json)
+check "simulate --scenario exits 0" test "$code" = 0
+check "plan --scenario: the plan simulates to simulate --scenario's step" /usr/bin/python3 - "$work/scenario_plan.json" "$work/scenario_plan_sim.json" "$work/scenario_sim.json" <<'PY'
+import json, sys
+plan, from_plan, direct = (json.load(open(p)) for p in sys.argv[1:4])
+assert plan["cluster"]["name"] == "h200" and plan["model"]["name"] == "openllama-3b", (plan["cluster"]["name"], plan["model"]["name"])
+assert from_plan["steps"][0]["step_time_s"] == direct["steps"][0]["step_time_s"], (from_plan["steps"][0]["step_time_s"], direct["steps"][0]["step_time_s"])
+PY
+code=$(run "$work/scenario_plan2.json" "$work/err" "$ballast" plan --scenario zeppelin-h200-3b-prolong --nodes 2 --steps 1 --strategy flexsp-fast -o "$work/scenario_plan2.json")
+check "plan --scenario with --nodes exits 0" test "$code" = 0
+check "plan --scenario: --nodes overrides it" /usr/bin/python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['cluster']; assert c['nodes'] == 2 and c['name'] == 'h200', c" "$work/scenario_plan2.json"
+
 # FlexSP's scenario with strategy specs; --strategies without the scenario's baseline
 # falls back to the first strategy.
 code=$(run "$work/flexsp.txt" "$work/err" "$ballast" compare --scenario flexsp-7b-192k --nodes 2 --steps 1 --batch-size 32 --strategies flexsp-fast,flexsp:max-nodes=0)
@@ -231,6 +249,7 @@ expect_error "unknown model" "llama-7b" compare --model nope
 expect_error "unknown strategy" "packed-dp" compare --strategies nope
 expect_error "unknown dataset" "wlbllm" compare --dataset nope
 expect_error "unknown scenario" "default" compare --scenario nope
+expect_error "plan: unknown scenario" "see \`ballast list scenarios\`" plan --scenario nope
 expect_error "unknown cost model" "analytical" compare --cost-model nope
 expect_error "unknown recompute mode" "--recompute 'partial' is not a recomputation mode; use selective (the default), full or none" compare --recompute partial --steps 1
 expect_error "full recompute on profiled coefficients" "was measured without full recomputation; use --recompute selective or --cost-model analytical" compare --recompute full --model gpt-7b --cluster a100-ib400 --cost-model flexsp-a100-192k --steps 1

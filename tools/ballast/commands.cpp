@@ -105,13 +105,6 @@ nlohmann::ordered_json timeline_json(const SimulationReport& report, const Plan&
   return json;
 }
 
-RunSettings settings_from(const WorkloadFlags& flags, int default_steps) {
-  RunSettings settings;
-  settings.steps = default_steps;
-  apply_workload_flags(flags, settings);
-  return settings;
-}
-
 using ListRows = std::vector<std::pair<std::string, std::string>>;
 
 /// One section of `ballast list`: its name on the command line, its title, its rows.
@@ -214,7 +207,10 @@ int run_list(const std::string& what, std::ostream& out) {
 int run_plan(const PlanArgs& args) {
   const Format format = parse_format(args.output.format);
   if (format == Format::csv) throw InputError("ballast plan writes JSON; use --format json or text");
-  const RunSettings settings = settings_from(args.workload, 1);
+  RunSettings settings;
+  settings.steps = 1;
+  if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
+  apply_workload_flags(args.workload, settings);
   const RunInputs inputs = resolve_inputs(settings);
   const std::string strategy = args.strategy.empty() ? std::string(kDefaultStrategy) : args.strategy;
   const StrategySpec spec = parse_strategy_spec(

@@ -24,6 +24,7 @@ struct PlanArgs {
   WorkloadFlags workload;
   OutputFlags output;
   std::string strategy;  ///< empty: kDefaultStrategy
+  std::string scenario;  ///< --scenario: its workload settings (flags override them)
 };
 struct SimulateArgs {
   WorkloadFlags workload;

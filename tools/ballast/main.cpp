@@ -77,9 +77,13 @@ int run(int argc, char** argv) {
   add_workload_flags(*plan, plan_args.workload);
   add_output_flags(*plan, plan_args.output, false);
   plan->add_option("--strategy", plan_args.strategy, "strategy, optionally with parameters: name[:key=value...] (see `ballast list strategies`) [default: ballast]");
+  plan->add_option("--scenario", plan_args.scenario,
+                   "take a scenario's workload settings, steps included (see `ballast list "
+                   "scenarios`); flags override them");
   plan->footer("examples:\n  ballast plan --strategy packed-dp -o plan.json\n"
                "  ballast plan --strategy static-cp --degree 8 --dataset prolong --cluster a800-roce --nodes 2\n"
-               "  ballast plan --strategy hybrid-dp --steps 3 -o plans.json   # a JSON array of 3 plans");
+               "  ballast plan --strategy hybrid-dp --steps 3 -o plans.json   # a JSON array of 3 plans\n"
+               "  ballast plan --scenario zeppelin-a800-7b-prolong --steps 1 -o plan.json");
 
   ValidateArgs validate_args;
   auto* validate = app.add_subcommand("validate", "check a plan file's invariants; prints the first violated one");
