@@ -71,6 +71,16 @@ CollectiveFit intra_node_collective_fit(const Cluster& cluster, CollectiveOp op,
 Seconds intra_node_collective_time_s(const Cluster& cluster, CollectiveOp op, int gpus,
                                      Bytes bytes);
 
+/// Time of one all-reduce of `bytes` (nccl-tests' size: each rank's buffer) over all the
+/// cluster's ranks by the alpha-beta model of the data-parallel gradient sync
+/// (docs/cost-model.md, "Gradient sync"): 2 (N-1)/N x bytes over the NVLink bus bandwidth
+/// on one node, or over min(NVLink bus bandwidth, NICs per node x NIC bandwidth) across
+/// nodes (NCCL's rings leave each node once per NIC channel, so a node sends 2 (N-1)/N of
+/// one rank's bytes in all), plus 2 ceil(log2 N) latencies (inter-node across nodes). 0 on
+/// one rank or for no bytes. Not the calibrated single-node all_reduce fits
+/// (intra_node_collective_time_s has those).
+Seconds all_reduce_link_time_s(const Cluster& cluster, double bytes);
+
 /// One measurement of an operation on a fixed GPU count: `bytes` in nccl-tests' size
 /// convention and the measured time.
 struct CollectiveSample {

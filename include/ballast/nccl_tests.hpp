@@ -42,9 +42,12 @@ std::vector<NcclTestsRow> parse_nccl_tests_text(const std::string& text, const s
 /// One row of a calibration: the measurement and what the calibrated cluster predicts.
 struct CalibrationRow {
   NcclTestsRow row;
-  bool fitted = false;         ///< false: listed, not used (see note)
-  Seconds predicted_s = 0;     ///< when fitted
-  double relative_error = 0;   ///< (predicted - measured) / measured, when fitted
+  bool fitted = false;         ///< false: listed, not used to fit (see note)
+  /// Not fitted but held against the cost model: an all_reduce across hosts, predicted by
+  /// the gradient sync's formula (all_reduce_link_time_s) on `hosts` nodes of gpus / hosts.
+  bool checked = false;
+  Seconds predicted_s = 0;     ///< when fitted or checked
+  double relative_error = 0;   ///< (predicted - measured) / measured, when fitted or checked
   std::string note;            ///< why a row was not fitted
 };
 

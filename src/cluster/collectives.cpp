@@ -129,6 +129,21 @@ Seconds intra_node_collective_time_s(const Cluster& cluster, CollectiveOp op, in
          static_cast<double>(bytes) * bus_bandwidth_factor(op, gpus) / fit.bus_bw_bytes_per_s;
 }
 
+Seconds all_reduce_link_time_s(const Cluster& cluster, double bytes) {
+  const int ranks = cluster.ranks();
+  if (ranks <= 1 || !(bytes > 0)) return 0.0;
+  // nccl-tests all_reduce_perf across nodes reports about the node's NICs together as
+  // busbw: 8 H100 x 8 NDR NICs, 4 nodes, 365.84 GB/s (NVIDIA/nccl-tests#309); 8 A100 x 4
+  // HDR NICs 86 GB/s on 2 nodes (#175), 84.8 on 3 (#119). Not one GPU's share of a NIC.
+  const bool multi_node = cluster.nodes > 1;
+  const double bw = multi_node ? std::min(cluster.intra_node_bus_bw_bytes_per_s,
+                                          cluster.nic_bw_bytes_per_s * cluster.nics_per_node)
+                               : cluster.intra_node_bus_bw_bytes_per_s;
+  const Seconds latency_s = multi_node ? cluster.inter_node_latency_s : cluster.intra_node_latency_s;
+  const double volume_bytes = 2.0 * (ranks - 1) / ranks * bytes;
+  return volume_bytes / bw + 2.0 * std::ceil(std::log2(ranks)) * latency_s;
+}
+
 CollectiveFit fit_collective(CollectiveOp op, int gpus, std::span<const CollectiveSample> samples,
                              const std::string& where) {
   // Residual r = a x1 + b x2 - 1 with x1 = 1/t, x2 = w/t: the normal equations of a

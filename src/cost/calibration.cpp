@@ -16,12 +16,17 @@ namespace ballast {
 namespace {
 
 /// How a row is used.
-enum class RowUse { collective, p2p_intra_node, p2p_inter_node, not_fitted };
+enum class RowUse { collective, p2p_intra_node, p2p_inter_node, checked, not_fitted };
 
 std::pair<RowUse, std::string> classify(const NcclTestsRow& row, const Cluster& base) {
   if (row.gpus < 2) return {RowUse::not_fitted, "runs on one GPU: no communication to fit"};
   if (row.hosts > 1) {
     if (row.op == CollectiveOp::send_recv) return {RowUse::p2p_inter_node, ""};
+    if (row.op == CollectiveOp::all_reduce && row.gpus % row.hosts == 0) {
+      return {RowUse::checked,
+              "all_reduce across hosts, checked against the gradient sync's all-reduce (the "
+              "nodes' NICs together; docs/cost-model.md, \"Gradient sync\")"};
+    }
     return {RowUse::not_fitted,
             fmt::format("{} across {} hosts: collectives spanning nodes are not fitted (their "
                         "NIC constants come from sendrecv across hosts)",
@@ -42,6 +47,16 @@ std::vector<CollectiveSample> samples_of(std::span<const NcclTestsRow> rows,
   samples.reserve(indices.size());
   for (std::size_t i : indices) samples.push_back({rows[i].size_bytes, rows[i].time_s});
   return samples;
+}
+
+/// The cluster an all_reduce row across hosts ran on: `hosts` nodes of gpus / hosts GPUs,
+/// with the NICs of those GPUs (at least one per node).
+Cluster row_cluster(const Cluster& cluster, const NcclTestsRow& row) {
+  Cluster ran = cluster;
+  ran.nodes = row.hosts;
+  ran.gpus_per_node = row.gpus / row.hosts;
+  ran.nics_per_node = std::max(1, ran.gpus_per_node / cluster.gpus_per_nic());
+  return ran;
 }
 
 std::string fitted_summary(const CollectiveFitTable& fitted, bool p2p_intra, bool p2p_inter) {
@@ -73,13 +88,15 @@ Calibration calibrate_cluster(const Cluster& base, std::span<const NcclTestsRow>
     uses.push_back(use);
     CalibrationRow calibration_row;
     calibration_row.row = rows[i];
-    calibration_row.fitted = use != RowUse::not_fitted;
+    calibration_row.fitted = use != RowUse::not_fitted && use != RowUse::checked;
+    calibration_row.checked = use == RowUse::checked;
     calibration_row.note = note;
     result.rows.push_back(std::move(calibration_row));
     switch (use) {
       case RowUse::collective: collective_groups[{rows[i].op, rows[i].gpus}].push_back(i); break;
       case RowUse::p2p_intra_node: p2p_intra.push_back(i); break;
       case RowUse::p2p_inter_node: p2p_inter.push_back(i); break;
+      case RowUse::checked:
       case RowUse::not_fitted: ++not_fitted[note]; break;
     }
   }
@@ -106,9 +123,19 @@ Calibration calibrate_cluster(const Cluster& base, std::span<const NcclTestsRow>
 
   const Cluster& cluster = result.cluster;
   std::size_t worst = rows.size();
+  std::size_t worst_checked = rows.size();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     CalibrationRow& row = result.rows[i];
     const auto bytes = static_cast<double>(rows[i].size_bytes);
+    if (uses[i] == RowUse::checked) {  // with the calibrated NIC constants, if any
+      row.predicted_s = all_reduce_link_time_s(row_cluster(cluster, rows[i]), bytes);
+      row.relative_error = (row.predicted_s - rows[i].time_s) / rows[i].time_s;
+      if (worst_checked == rows.size() ||
+          std::abs(row.relative_error) > std::abs(result.rows[worst_checked].relative_error)) {
+        worst_checked = i;
+      }
+      continue;
+    }
     switch (uses[i]) {
       case RowUse::collective:
         row.predicted_s = intra_node_collective_time_s(cluster, rows[i].op, rows[i].gpus,
@@ -120,6 +147,7 @@ Calibration calibrate_cluster(const Cluster& base, std::span<const NcclTestsRow>
       case RowUse::p2p_inter_node:  // CostModel::p2p_time_s across nodes, one layer
         row.predicted_s = cluster.inter_node_latency_s + bytes / cluster.nic_bw_bytes_per_s;
         break;
+      case RowUse::checked:
       case RowUse::not_fitted: continue;
     }
     row.relative_error = (row.predicted_s - rows[i].time_s) / rows[i].time_s;
@@ -130,6 +158,13 @@ Calibration calibrate_cluster(const Cluster& base, std::span<const NcclTestsRow>
   }
   for (const auto& [note, count] : not_fitted) {
     result.notes.push_back(fmt::format("{} row(s) not fitted: {}", count, note));
+  }
+  if (worst_checked < rows.size()) {
+    const CalibrationRow& row = result.rows[worst_checked];
+    result.notes.push_back(fmt::format(
+        "all_reduce across hosts checked against the cost model: largest error {:+.1f}% ({} "
+        "GPUs on {} hosts, {} bytes, {}; positive: predicted slower than measured)",
+        100 * row.relative_error, row.row.gpus, row.row.hosts, row.row.size_bytes, row.row.source));
   }
 
   std::string worst_text = "no row fitted";

@@ -290,29 +290,6 @@ Seconds CostModel::all_gather_time_s(std::span<const int> ranks,
   return model_.layers * (steps * cluster_.inter_node_latency_s + transfer_s);
 }
 
-namespace {
-
-/// Bus bandwidth and latency of the data-parallel gradient all-reduce over the cluster.
-/// Inside a node: the NVLink bus bandwidth. Across nodes NCCL's rings run inside each node
-/// over NVLink and leave it through its NICs, one channel per NIC: a node sends and
-/// receives 2 (N-1)/N of one rank's gradient bytes in all (not each of its ranks' bytes),
-/// so the busbw is the node's NICs together, at most the NVLink bus bandwidth. nccl-tests
-/// all_reduce_perf rows (docs/cost-model.md, "Gradient sync"): 8x A100 with 4 HDR NICs per
-/// node 84.8-96 GB/s (NVIDIA/nccl-tests#119, 3 nodes; #175, 2 nodes: 86), 8x H100 with 8
-/// NDR NICs 365.84 GB/s (#309, 4 nodes), against 4 x 24 = 96 and min(370, 8 x 47) here.
-/// Latency: a tree, 2 log2(N) hops.
-std::pair<double, Seconds> gradient_sync_link(const Cluster& cluster) {
-  const int ranks = cluster.ranks();
-  const bool multi_node = cluster.nodes > 1;
-  const double bw = multi_node ? std::min(cluster.intra_node_bus_bw_bytes_per_s,
-                                          cluster.nic_bw_bytes_per_s * cluster.nics_per_node)
-                               : cluster.intra_node_bus_bw_bytes_per_s;
-  const double latency_s = multi_node ? cluster.inter_node_latency_s : cluster.intra_node_latency_s;
-  return {bw, 2.0 * std::ceil(std::log2(ranks)) * latency_s};
-}
-
-}  // namespace
-
 Seconds CostModel::gradient_sync_time_s() const { return gradient_bucket_sync_time_s(1); }
 
 Seconds CostModel::gradient_bucket_sync_time_s(int buckets) const {
@@ -326,9 +303,7 @@ Seconds CostModel::gradient_bucket_sync_time_s(int buckets) const {
   if (cluster_.nodes == 1 && cluster_.intra_node_collectives.count(CollectiveOp::all_reduce) > 0) {
     return collective_time_s(CollectiveOp::all_reduce, ranks, saturating_bytes(gradient_bytes));
   }
-  const double volume_bytes = 2.0 * (ranks - 1) / ranks * gradient_bytes;
-  const auto [bw, latency_s] = gradient_sync_link(cluster_);
-  return volume_bytes / bw + latency_s;
+  return all_reduce_link_time_s(cluster_, gradient_bytes);
 }
 
 Bytes CostModel::model_state_bytes_per_rank() const {

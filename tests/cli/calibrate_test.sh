@@ -38,6 +38,23 @@ check "compare names the cluster" has "$work/compare.txt" "h200-calibrated"
   -o "$work/c2.json" >/dev/null 2>&1
 check "output is deterministic" cmp -s "$work/c.json" "$work/c2.json"
 
+# An all_reduce across hosts is not fitted but checked against the gradient sync's
+# all-reduce (the nodes' NICs together): a hand-written 2-node sample at 86 GB/s busbw
+# (nccl-tests#175's A100 nodes with 4 HDR NICs) against a800-roce's 4 x 24 GB/s.
+code=$(run "$work/ar2.txt" "$work/err" "$ballast" calibrate --nccl-tests tests/cost/data/all_reduce_perf_2node.txt --cluster a800-roce)
+check "all_reduce across hosts exits 0" test "$code" = 0
+check "all_reduce across hosts is checked" has "$work/ar2.txt" "(checked, not fitted)"
+check "all_reduce across hosts: the largest error" has "$work/ar2.txt" "checked against the cost model: largest error -9.8%"
+code=$(run "$work/ar2.json" "$work/err" "$ballast" calibrate --format json --nccl-tests tests/cost/data/all_reduce_perf_2node.txt --cluster a800-roce)
+check "all_reduce across hosts json" /usr/bin/python3 - "$work/ar2.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+assert len(rows) == 5, len(rows)
+for r in rows:
+    assert r["hosts"] == 2 and r["gpus"] == 16 and not r["fitted"] and r["checked"], r
+    assert -0.10 < r["relative_error"] < 0, r  # 96 GB/s predicted against 86 measured
+PY
+
 # --format json, and the text samples of every op together (two hosts: NIC constants).
 code=$(run "$work/rows.json" "$work/err" "$ballast" calibrate --format json --name mine \
   --nccl-tests tests/cost/data/all_reduce_perf_8gpu.txt tests/cost/data/all_gather_perf_4gpu.txt \

@@ -31,6 +31,11 @@ void write_table(const Calibration& calibration, std::ostream& out) {
                  collective_op_name(measured.op), measured.gpus, measured.hosts,
                  measured.size_bytes, measured.time_s * 1e6, row.predicted_s * 1e6,
                  100 * row.relative_error, measured.source);
+    } else if (row.checked) {
+      fmt::print(out, "{:<15} {:>4} {:>5} {:>12} {:>13.2f} {:>13.2f} {:>+8.1f}  {} (checked, not fitted)\n",
+                 collective_op_name(measured.op), measured.gpus, measured.hosts,
+                 measured.size_bytes, measured.time_s * 1e6, row.predicted_s * 1e6,
+                 100 * row.relative_error, measured.source);
     } else {
       fmt::print(out, "{:<15} {:>4} {:>5} {:>12} {:>13.2f} {:>13} {:>8}  {} (not fitted)\n",
                  collective_op_name(measured.op), measured.gpus, measured.hosts,
@@ -94,6 +99,11 @@ nlohmann::json rows_json(const Calibration& calibration) {
     if (row.fitted) {
       entry["predicted_s"] = row.predicted_s;
       entry["relative_error"] = row.relative_error;
+    } else if (row.checked) {
+      entry["checked"] = true;
+      entry["predicted_s"] = row.predicted_s;
+      entry["relative_error"] = row.relative_error;
+      entry["note"] = row.note;
     } else {
       entry["predicted_s"] = nullptr;
       entry["relative_error"] = nullptr;
