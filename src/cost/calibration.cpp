@@ -127,15 +127,6 @@ Calibration calibrate_cluster(const Cluster& base, std::span<const NcclTestsRow>
   for (std::size_t i = 0; i < rows.size(); ++i) {
     CalibrationRow& row = result.rows[i];
     const auto bytes = static_cast<double>(rows[i].size_bytes);
-    if (uses[i] == RowUse::checked) {  // with the calibrated NIC constants, if any
-      row.predicted_s = all_reduce_link_time_s(row_cluster(cluster, rows[i]), bytes);
-      row.relative_error = (row.predicted_s - rows[i].time_s) / rows[i].time_s;
-      if (worst_checked == rows.size() ||
-          std::abs(row.relative_error) > std::abs(result.rows[worst_checked].relative_error)) {
-        worst_checked = i;
-      }
-      continue;
-    }
     switch (uses[i]) {
       case RowUse::collective:
         row.predicted_s = intra_node_collective_time_s(cluster, rows[i].op, rows[i].gpus,
@@ -147,10 +138,19 @@ Calibration calibrate_cluster(const Cluster& base, std::span<const NcclTestsRow>
       case RowUse::p2p_inter_node:  // CostModel::p2p_time_s across nodes, one layer
         row.predicted_s = cluster.inter_node_latency_s + bytes / cluster.nic_bw_bytes_per_s;
         break;
-      case RowUse::checked:
+      case RowUse::checked:  // with the calibrated NIC constants, if any
+        row.predicted_s = all_reduce_link_time_s(row_cluster(cluster, rows[i]), bytes);
+        break;
       case RowUse::not_fitted: continue;
     }
     row.relative_error = (row.predicted_s - rows[i].time_s) / rows[i].time_s;
+    if (uses[i] == RowUse::checked) {  // not in the fit's worst error
+      if (worst_checked == rows.size() ||
+          std::abs(row.relative_error) > std::abs(result.rows[worst_checked].relative_error)) {
+        worst_checked = i;
+      }
+      continue;
+    }
     if (worst == rows.size() || std::abs(row.relative_error) > result.worst_relative_error) {
       worst = i;
       result.worst_relative_error = std::abs(row.relative_error);

@@ -324,7 +324,7 @@ Seconds expert_imbalance_floor_s(Tokens shortest_tokens, Tokens total_tokens,
     best_s = std::min(best_s, paid_s(micro_batches) +
                                   std::max(0.0, least_factor - 1.0) * imbalance_per_excess_s);
   }
-  return std::max(0.0, best_s - paid_s(std::max<std::int64_t>(1, min_micro_batches)));
+  return std::max(0.0, best_s - paid_s(first));
 }
 
 }  // namespace

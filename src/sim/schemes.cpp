@@ -669,22 +669,6 @@ const char* pass_name(Pass pass) { return pass == Pass::forward ? "fwd" : "bwd";
 
 std::int64_t& step_time_cache_hit_count() { return step_time_cache().hits; }
 
-}  // namespace ballast::sim
-
-namespace ballast {
-
-void open_simulation_cache() { ++sim::step_time_cache().open_count; }
-
-void close_simulation_cache() {
-  sim::StepTimeCache& cache = sim::step_time_cache();
-  if (cache.open_count == 0) return;  // unmatched: nothing is open (called from destructors)
-  if (--cache.open_count == 0) cache.clear();
-}
-
-}  // namespace ballast
-
-namespace ballast::sim {
-
 void add_attention_group(BuildContext& ctx, const AttentionGroup& group, Pass pass) {
   BALLAST_CHECK(!group.ranks.empty(), "a validated plan has no empty group");
   ctx.graph.set_category(group_category(group, ctx.cost.cluster()));
@@ -740,3 +724,15 @@ Seconds p2p_floor_s(const CostModel& cost, int src_rank, int dst_rank, Bytes byt
 }
 
 }  // namespace ballast::sim
+
+namespace ballast {
+
+void open_simulation_cache() { ++sim::step_time_cache().open_count; }
+
+void close_simulation_cache() {
+  sim::StepTimeCache& cache = sim::step_time_cache();
+  if (cache.open_count == 0) return;  // unmatched: nothing is open (called from destructors)
+  if (--cache.open_count == 0) cache.clear();
+}
+
+}  // namespace ballast

@@ -26,16 +26,11 @@ void write_table(const Calibration& calibration, std::ostream& out) {
              "bytes", "measured_us", "fitted_us", "error_%", "source");
   for (const CalibrationRow& row : calibration.rows) {
     const NcclTestsRow& measured = row.row;
-    if (row.fitted) {
-      fmt::print(out, "{:<15} {:>4} {:>5} {:>12} {:>13.2f} {:>13.2f} {:>+8.1f}  {}\n",
+    if (row.fitted || row.checked) {
+      fmt::print(out, "{:<15} {:>4} {:>5} {:>12} {:>13.2f} {:>13.2f} {:>+8.1f}  {}{}\n",
                  collective_op_name(measured.op), measured.gpus, measured.hosts,
                  measured.size_bytes, measured.time_s * 1e6, row.predicted_s * 1e6,
-                 100 * row.relative_error, measured.source);
-    } else if (row.checked) {
-      fmt::print(out, "{:<15} {:>4} {:>5} {:>12} {:>13.2f} {:>13.2f} {:>+8.1f}  {} (checked, not fitted)\n",
-                 collective_op_name(measured.op), measured.gpus, measured.hosts,
-                 measured.size_bytes, measured.time_s * 1e6, row.predicted_s * 1e6,
-                 100 * row.relative_error, measured.source);
+                 100 * row.relative_error, measured.source, row.checked ? " (checked, not fitted)" : "");
     } else {
       fmt::print(out, "{:<15} {:>4} {:>5} {:>12} {:>13.2f} {:>13} {:>8}  {} (not fitted)\n",
                  collective_op_name(measured.op), measured.gpus, measured.hosts,
@@ -96,14 +91,13 @@ nlohmann::json rows_json(const Calibration& calibration) {
                             {"measured_s", row.row.time_s},
                             {"source", row.row.source},
                             {"fitted", row.fitted}};
-    if (row.fitted) {
+    if (row.fitted || row.checked) {
       entry["predicted_s"] = row.predicted_s;
       entry["relative_error"] = row.relative_error;
-    } else if (row.checked) {
-      entry["checked"] = true;
-      entry["predicted_s"] = row.predicted_s;
-      entry["relative_error"] = row.relative_error;
-      entry["note"] = row.note;
+      if (row.checked) {
+        entry["checked"] = true;
+        entry["note"] = row.note;
+      }
     } else {
       entry["predicted_s"] = nullptr;
       entry["relative_error"] = nullptr;

@@ -204,13 +204,19 @@ int run_list(const std::string& what, std::ostream& out) {
   return 0;
 }
 
+/// The run's settings: `default_steps`, then the scenario's (if any), then the flags.
+RunSettings settings_from(const WorkloadFlags& flags, const std::string& scenario, int default_steps) {
+  RunSettings settings;
+  settings.steps = default_steps;
+  if (!scenario.empty()) apply_scenario(find_scenario(scenario), settings);
+  apply_workload_flags(flags, settings);
+  return settings;
+}
+
 int run_plan(const PlanArgs& args) {
   const Format format = parse_format(args.output.format);
   if (format == Format::csv) throw InputError("ballast plan writes JSON; use --format json or text");
-  RunSettings settings;
-  settings.steps = 1;
-  if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
-  apply_workload_flags(args.workload, settings);
+  const RunSettings settings = settings_from(args.workload, args.scenario, 1);
   const RunInputs inputs = resolve_inputs(settings);
   const std::string strategy = args.strategy.empty() ? std::string(kDefaultStrategy) : args.strategy;
   const StrategySpec spec = parse_strategy_spec(
@@ -284,10 +290,7 @@ int run_simulate(const SimulateArgs& args) {
     plans = read_plan_file(args.plan_path);  // each plan carries its own cost model
   } else {
     const std::string strategy = args.strategy.empty() ? std::string(kDefaultStrategy) : args.strategy;
-    RunSettings settings;
-    settings.steps = 1;
-    if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
-    apply_workload_flags(args.workload, settings);
+    const RunSettings settings = settings_from(args.workload, args.scenario, 1);
     RunInputs inputs = resolve_inputs(settings);
     const StrategySpec spec = parse_strategy_spec(
         apply_ablation_flags(args.workload, {strategy}).front(), settings.planner_options());
@@ -395,9 +398,7 @@ std::vector<std::string> ablation_ladder() {
 int run_compare(const CompareArgs& args) {
   const Format format = parse_format(args.output.format);
   if (!args.plot_path.empty()) check_plot_target("compare", args.plot_path);
-  RunSettings settings;
-  if (!args.scenario.empty()) apply_scenario(find_scenario(args.scenario), settings);
-  apply_workload_flags(args.workload, settings);
+  RunSettings settings = settings_from(args.workload, args.scenario, RunSettings{}.steps);
   if (args.ablation) {
     if (!args.strategies.empty()) throw InputError("give either --ablation or --strategies, not both");
     settings.strategies = ablation_ladder();
