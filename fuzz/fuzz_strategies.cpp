@@ -45,7 +45,7 @@ const std::vector<std::string>& strategy_specs() {
           "flexsp-fast:refine=milp", "zeppelin:partition=even", "zeppelin:partition=even:degree=4",
           "zeppelin:routing=on", "zeppelin:routing=off", "zeppelin:remap=on", "zeppelin:remap=off",
           "zeppelin:routing=on:remap=on", "zeppelin:placement=node-totals", "ballast:budget=0",
-          "ballast:portfolio=flexsp-fast+zeppelin:budget=4"}) {
+          "ballast:portfolio=flexsp-fast+zeppelin:budget=4", "ballast:ring_routing=auto:budget=4"}) {
       candidates.emplace_back(variant);
     }
     std::vector<std::string> valid;

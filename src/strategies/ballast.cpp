@@ -85,11 +85,24 @@ PlannerOptions member_options(const PlannerOptions& options) {
   PlannerOptions member = options;
   member.parameters.erase("portfolio");
   member.parameters.erase("budget");
+  member.parameters.erase("ring_routing");
   return member;
 }
 
 long long budget_of(const PlannerOptions& options) {
   return integer_parameter_or(options, "budget", kDefaultBudgetSimulations, 0, kMaxBudgetSimulations);
+}
+
+/// ring_routing=auto: the rings over several nodes the seeds and moves build are routed
+/// as zeppelin routes its own; off (the default) leaves them unrouted (docs/strategies.md,
+/// "Routing the rings the search builds": on the 45 scenarios +0.11% for the geometric
+/// mean of the steps, but every later candidate with a routed ring costs several times
+/// as much to simulate, ~10x the planning time at 64 GPUs / 512 sequences).
+bool ring_routing_of(const PlannerOptions& options) {
+  const std::string value = parameter_or(options, "ring_routing", "off");
+  if (value == "off") return false;
+  if (value == "auto") return true;
+  throw InputError(fmt::format("{}:ring_routing={}: use off or auto", kName, value));
 }
 
 /// The portfolio's best plan by the evaluator (ties: portfolio order); PlanningError naming
@@ -201,6 +214,7 @@ void add_group(MicroBatch& micro_batch, AttentionGroup group) {
 bool try_seeds(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
                const PlanEvaluator& evaluator, const Planner& winner, Plan& best,
                PlanEvaluation& best_evaluation) {
+  const PlanEvaluator* ring_router = ring_routing_of(options) ? &evaluator : nullptr;
   bool found = false;
   const std::size_t count = batch.lengths_tokens.size();
   std::vector<std::int64_t> order(count);
@@ -219,7 +233,7 @@ bool try_seeds(const Batch& batch, const CostModel& cost, const PlannerOptions& 
     Plan seed = make_plan_skeleton(batch, cost, kName);
     std::optional<AttentionGroup> long_group;
     Seconds long_s = kInfinity;
-    for (AttentionGroup& group : whole_cluster_groups(long_ids, seed, cost)) {
+    for (AttentionGroup& group : whole_cluster_groups(long_ids, seed, cost, ring_router)) {
       const GroupEstimate estimate = estimate_group(group, cost, evaluator);
       const Seconds time_s = *std::max_element(estimate.member_time_s.begin(), estimate.member_time_s.end());
       if (time_s < long_s) {
@@ -326,9 +340,10 @@ bool better(const PlanEvaluation& candidate, const PlanEvaluation& current, Load
 /// reaches what it must beat (evaluate_below); the rank times come with an accepted one.
 /// One phase of the search: ranks' loads as `loads` says (and the moves it adds), spending
 /// from `budget` (what is left goes to the next phase); `evaluation` is the plan's on entry
-/// and the returned plan's on exit.
+/// and the returned plan's on exit. `route_rings`: the moves route the rings they build
+/// (ring_routing=auto).
 Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const PlanEvaluator& evaluator,
-             Loads loads, SearchBudget& budget) {
+             Loads loads, SearchBudget& budget, bool route_rings) {
   long long& screens_left = budget.screens;
   long long& simulations_left = budget.simulations;
   PlanEstimate raw = estimate_plan(plan, cost, evaluator);
@@ -342,7 +357,7 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
   while (simulations_left > 0 && screens_left > 0) {
     std::vector<Move> moves = generate_moves(
         plan, estimate, cost, static_cast<std::size_t>(std::min<long long>(screens_left, kMovesPerRound)),
-        loads);
+        loads, route_rings ? &evaluator : nullptr);
     const Seconds current_s = estimate.step_time_s();
     // Per move: its anchored estimate of the step and of the summed rank time it frees.
     std::vector<Seconds> step_s(moves.size(), current_s);
@@ -446,19 +461,19 @@ Plan improve(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const
 /// (greedy), and on magi-h200-gqa step 0 it led to 3.56 s where the level-steps alone
 /// reach 3.42 s; after it they only add.
 Plan search(Plan plan, PlanEvaluation& evaluation, const CostModel& cost, const PlanEvaluator& evaluator,
-            long long budget) {
+            long long budget, bool route_rings) {
   SearchBudget left{budget, kScreenedMovesPerSimulation * budget};
-  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::with_sync, left);
-  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::before_sync, left);
+  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::with_sync, left, route_rings);
+  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::before_sync, left, route_rings);
   // The third phase has its own budget, half the others': where the first two spent
   // theirs it would get nothing, and it is the one that moves work across micro-batches.
   SearchBudget whole_step{budget / 2, kScreenedMovesPerSimulation * (budget / 2)};
-  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::whole_step, whole_step);
+  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::whole_step, whole_step, route_rings);
   SearchBudget re_deal{budget / 2, kScreenedMovesPerSimulation * (budget / 2)};
   const Seconds settled_s = evaluation.step_time_s;
-  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::re_deal, re_deal);
+  plan = improve(std::move(plan), evaluation, cost, evaluator, Loads::re_deal, re_deal, route_rings);
   if (evaluation.step_time_s >= settled_s) return plan;
-  return improve(std::move(plan), evaluation, cost, evaluator, Loads::whole_step, re_deal);
+  return improve(std::move(plan), evaluation, cost, evaluator, Loads::whole_step, re_deal, route_rings);
 }
 
 class BallastPlanner final : public Planner {
@@ -477,11 +492,16 @@ class BallastPlanner final : public Planner {
                                    "across micro-batches, and its fourth, the re-deal, half "
                                    "as many more each; as many again from a seed that starts "
                                    "faster); 0 keeps the portfolio's best [default: {}]",
-                                   kDefaultBudgetSimulations)}};
+                                   kDefaultBudgetSimulations)},
+            {"ring_routing", "off (default: the rings over several nodes that the seeds and "
+                             "moves build are unrouted; the portfolio's keep their routing) or "
+                             "auto (routed as zeppelin routes its inter-node rings; every later "
+                             "candidate with a routed ring simulates several times slower)"}};
   }
   void check_options(const PlannerOptions& options) const override {
     portfolio_of(options);
     budget_of(options);
+    ring_routing_of(options);
   }
   bool takes_common_degree(const PlannerOptions& /*options*/) const override { return false; }
   bool solves_milp(const PlannerOptions& options) const override {
@@ -524,9 +544,10 @@ class BallastPlanner final : public Planner {
     const bool seeded = try_seeds(batch, cost, options, evaluator, *winner, seed, seed_evaluation);
     // The searches' candidates only: the portfolio's members simulate many plans once.
     const RememberingEvaluator remembering(evaluator);
-    best = search(std::move(best), evaluation, cost, remembering, budget);
+    const bool route_rings = ring_routing_of(options);
+    best = search(std::move(best), evaluation, cost, remembering, budget, route_rings);
     if (!seeded) return best;
-    seed = search(std::move(seed), seed_evaluation, cost, remembering, budget);
+    seed = search(std::move(seed), seed_evaluation, cost, remembering, budget, route_rings);
     return seed_evaluation.step_time_s < evaluation.step_time_s ? seed : best;
   }
 };

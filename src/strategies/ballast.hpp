@@ -167,15 +167,21 @@ enum class Loads { with_sync, before_sync, whole_step, re_deal };
 /// move's last edit has the plan's micro-batch count as its index; only where memory
 /// constrained the free deal) and, with several micro-batches, into the last one where the
 /// rank has room there; then fill-last (MoveKind::fill_last). Deterministic.
+/// With `ring_router`, every ring over several nodes a move builds is routed as zeppelin
+/// routes its own (zeppelin::ring_routing, priced by it); without, unrouted (the default:
+/// docs/strategies.md, "Routing the rings the search builds").
 std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
-                                 const CostModel& cost, std::size_t max_moves, Loads loads);
+                                 const CostModel& cost, std::size_t max_moves, Loads loads,
+                                 const PlanEvaluator* ring_router = nullptr);
 
 /// Groups over every rank of the cluster holding the sequences `ids` (of `plan`) whole, one
 /// per layout the search knows: a ring; Ulysses where the heads allow it; USP with stages
 /// inside nodes (each degree the moves offer) and with stages across nodes. One local
-/// group on a one-rank cluster.
+/// group on a one-rank cluster. With `ring_router`, the ring routed as generate_moves()
+/// routes its rings.
 std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>& ids, const Plan& plan,
-                                                const CostModel& cost);
+                                                const CostModel& cost,
+                                                const PlanEvaluator* ring_router = nullptr);
 
 /// `plan` with the move's micro-batches replaced (an edit whose index is the plan's
 /// micro-batch count appends one) and those it emptied dropped.

@@ -9,6 +9,7 @@
 #include "ballast.hpp"
 #include "builders.hpp"
 #include "ulysses.hpp"
+#include "zeppelin.hpp"
 #include "zeppelin_remap.hpp"
 
 namespace ballast::strategies::ballast_search {
@@ -59,6 +60,16 @@ AttentionGroup build_group(Scheme scheme, const std::vector<int>& ranks,
       group.sequences.push_back({id, length, zigzag_chunks_unpadded(length, ranks)});
     }
   }
+  return group;
+}
+
+/// `group` with the routing zeppelin would give it (zeppelin::ring_routing) when it is a
+/// ring over several nodes (build_group() builds every group unrouted).
+AttentionGroup routed(AttentionGroup group, const CostModel& cost, const PlanEvaluator& evaluator) {
+  if (group.scheme != Scheme::ring) return group;
+  const zeppelin::Routing routing = zeppelin::ring_routing(group, cost, evaluator);
+  group.routing_proxies = routing.proxies;
+  group.routing_chunks = routing.chunks;
   return group;
 }
 
@@ -383,8 +394,9 @@ std::vector<int> usp_degrees(const std::vector<int>& ranks, const CostModel& cos
 class MoveGenerator {
  public:
   MoveGenerator(const Plan& plan, const PlanEstimate& estimate, const CostModel& cost,
-                std::size_t max_moves, Loads loads)
-      : plan_(plan), estimate_(estimate), cost_(cost), max_moves_(max_moves), loads_(loads) {}
+                std::size_t max_moves, Loads loads, const PlanEvaluator* ring_router)
+      : plan_(plan), estimate_(estimate), cost_(cost), max_moves_(max_moves), loads_(loads),
+        ring_router_(ring_router) {}
 
   std::vector<Move> run() {
     const std::vector<int> order = micro_batches_by_time();
@@ -415,6 +427,13 @@ class MoveGenerator {
 
  private:
   bool full() const { return moves_.size() >= max_moves_; }
+  /// build_group() over the plan; with a ring router, a ring over several nodes routed as
+  /// zeppelin would route it (routed()).
+  AttentionGroup build(Scheme scheme, const std::vector<int>& ranks, const std::vector<std::int64_t>& ids,
+                       int ulysses_degree = 1) const {
+    AttentionGroup group = build_group(scheme, ranks, ids, plan_, ulysses_degree);
+    return ring_router_ ? routed(std::move(group), cost_, *ring_router_) : group;
+  }
   /// The attention tokens a rank may be dealt: kDealtCapacityShare of its capacity (the
   /// groups' attention buffers take memory too, under 1% of it on the presets).
   Tokens dealt_capacity_tokens() const {
@@ -503,7 +522,7 @@ class MoveGenerator {
             kept.sequences.push_back(sequence);
           }
         }
-        if (kept.scheme == Scheme::ulysses) kept = build_group(Scheme::ulysses, kept.ranks, ids_of(kept), plan_);
+        if (kept.scheme == Scheme::ulysses) kept = build(Scheme::ulysses, kept.ranks, ids_of(kept));
         edit.append_group(std::move(kept));
       }
       for (std::size_t i = first; i < by_time.size(); ++i) {
@@ -602,7 +621,7 @@ class MoveGenerator {
         if (sequence.sequence_id != longest) base.spilled.push_back(sequence.sequence_id);
       }
       shrunk.push_back(static_cast<int>(other));
-      rebuilt.push_back(build_group(group.scheme, left, {longest}, plan_, group.ulysses_degree));
+      rebuilt.push_back(build(group.scheme, left, {longest}, group.ulysses_degree));
       for (int rank : group.ranks) base.load_delta_s[static_cast<std::size_t>(rank)] -= all_s / static_cast<double>(group.ranks.size());
       const Seconds kept_s = all_s * local_sequence_time_s(cost_, length_of(plan_, longest)) / local_s;
       for (int rank : left) base.load_delta_s[static_cast<std::size_t>(rank)] += kept_s / static_cast<double>(left.size());
@@ -629,7 +648,7 @@ class MoveGenerator {
       EditBuilder evicting = base.edit;
       if (base.spilled.empty()) {  // else the spilled sequences must be dealt
         EditBuilder kept = base.edit;
-        kept.append_group(build_group(scheme, order, ids, plan_, degree));
+        kept.append_group(build(scheme, order, ids, degree));
         add(MoveKind::grow, std::move(kept));
       }
       std::vector<std::int64_t> evicted = take_local_sequences(evicting, added);
@@ -641,7 +660,7 @@ class MoveGenerator {
       std::vector<std::int64_t> joined = ids;
       for (int round = 0; round < kGrowDealRounds; ++round) {
         EditBuilder dealt = evicting;
-        dealt.append_group(build_group(scheme, order, joined, plan_, degree));
+        dealt.append_group(build(scheme, order, joined, degree));
         const std::vector<std::int64_t> unplaced =
             deal_locally(dealt, m, group, group_s, ranks, added, evicted, base.load_delta_s);
         if (unplaced.empty()) {
@@ -1191,7 +1210,7 @@ class MoveGenerator {
           // pick the node (the slowest rank's share of it is small next to the node's).
           const std::vector<int> ranks = least_loaded_on_one_node(cost_.cluster(), loads(m), size);
           if (ranks.empty()) continue;
-          edit.append_group(build_group(scheme, ranks, {id}, plan_));
+          edit.append_group(build(scheme, ranks, {id}));
           add(MoveKind::extract, std::move(edit));
         }
       }
@@ -1206,13 +1225,13 @@ class MoveGenerator {
       if (scheme == group.scheme) continue;
       if (scheme == Scheme::ulysses && !ulysses_group_allowed(cost_, static_cast<int>(group.ranks.size()))) continue;
       EditBuilder edit(plan_, m);
-      edit.replace_group(g, build_group(scheme, group.ranks, ids_of(group), plan_));
+      edit.replace_group(g, build(scheme, group.ranks, ids_of(group)));
       add(MoveKind::change_scheme, std::move(edit));
     }
     for (int degree : usp_degrees(group.ranks, cost_)) {
       if (group.scheme == Scheme::usp && degree == group.ulysses_degree) continue;
       EditBuilder edit(plan_, m);
-      edit.replace_group(g, build_group(Scheme::usp, group.ranks, ids_of(group), plan_, degree));
+      edit.replace_group(g, build(Scheme::usp, group.ranks, ids_of(group), degree));
       add(MoveKind::change_scheme, std::move(edit));
     }
   }
@@ -1226,7 +1245,7 @@ class MoveGenerator {
     const Transposed transposed = stages_across_nodes(members, cost_);
     if (transposed.ulysses_degree == 0 || (group.scheme == Scheme::usp && group.ranks == transposed.ranks)) return;
     EditBuilder edit(plan_, m);
-    edit.replace_group(g, build_group(Scheme::usp, transposed.ranks, ids_of(group), plan_, transposed.ulysses_degree));
+    edit.replace_group(g, build(Scheme::usp, transposed.ranks, ids_of(group), transposed.ulysses_degree));
     add(MoveKind::change_scheme, std::move(edit));
   }
 
@@ -1284,8 +1303,8 @@ class MoveGenerator {
     }
     EditBuilder edit(plan_, m);
     edit.erase_group(g);
-    edit.append_group(build_group(first_scheme, first, first_ids, plan_));
-    if (!second_ids.empty()) edit.append_group(build_group(second_scheme, second, second_ids, plan_));
+    edit.append_group(build(first_scheme, first, first_ids));
+    if (!second_ids.empty()) edit.append_group(build(second_scheme, second, second_ids));
     add(MoveKind::split, std::move(edit));
   }
 
@@ -1322,7 +1341,7 @@ class MoveGenerator {
     EditBuilder edit(plan_, m);
     edit.erase_group(std::max(g, partner));
     edit.erase_group(std::min(g, partner));
-    edit.append_group(build_group(group.scheme, ranks, ids, plan_));
+    edit.append_group(build(group.scheme, ranks, ids));
     add(MoveKind::merge, std::move(edit));
   }
 
@@ -1360,6 +1379,7 @@ class MoveGenerator {
   const CostModel& cost_;
   std::size_t max_moves_;
   Loads loads_;
+  const PlanEvaluator* ring_router_;  ///< prices the routing of the rings build() makes (null: none)
   std::vector<Move> moves_;
 };
 
@@ -1397,9 +1417,9 @@ const char* move_name(MoveKind kind) {
   return "?";
 }
 
-std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate,
-                                 const CostModel& cost, std::size_t max_moves, Loads loads) {
-  return MoveGenerator(plan, estimate, cost, max_moves, loads).run();
+std::vector<Move> generate_moves(const Plan& plan, const PlanEstimate& estimate, const CostModel& cost,
+                                 std::size_t max_moves, Loads loads, const PlanEvaluator* ring_router) {
+  return MoveGenerator(plan, estimate, cost, max_moves, loads, ring_router).run();
 }
 
 MicroBatch MicroBatchEdit::micro_batch() const {
@@ -1452,11 +1472,12 @@ void swap_in_move_undo(Plan& plan, const Move& move, std::vector<MicroBatch>& sw
 }
 
 std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>& ids, const Plan& plan,
-                                                const CostModel& cost) {
+                                                const CostModel& cost, const PlanEvaluator* ring_router) {
   std::vector<int> ranks(static_cast<std::size_t>(cost.cluster().ranks()));
   std::iota(ranks.begin(), ranks.end(), 0);
   if (ranks.size() == 1) return {build_group(Scheme::local, ranks, ids, plan)};
-  std::vector<AttentionGroup> groups{build_group(Scheme::ring, ranks, ids, plan)};
+  AttentionGroup ring = build_group(Scheme::ring, ranks, ids, plan);
+  std::vector<AttentionGroup> groups{ring_router ? routed(std::move(ring), cost, *ring_router) : ring};
   if (ulysses_group_allowed(cost, static_cast<int>(ranks.size()))) {
     groups.push_back(build_group(Scheme::ulysses, ranks, ids, plan));
   }

@@ -24,7 +24,6 @@ namespace {
 void finish_micro_batches(Plan& plan, const CostModel& cost, const PlanEvaluator& evaluator,
                           Switches::Mode routing) {
   const Cluster& cluster = cost.cluster();
-  const Bytes kv_bytes = cost.model().kv_bytes_per_token();
   for (MicroBatch& micro_batch : plan.micro_batches) {
     auto tier_of = [&](const AttentionGroup& group) {
       if (group.ranks.size() == 1) return 2;
@@ -39,17 +38,7 @@ void finish_micro_batches(Plan& plan, const CostModel& cost, const PlanEvaluator
       AttentionGroup& group = micro_batch.groups[g];
       for (int rank : group.ranks) micro_batch.queues[static_cast<std::size_t>(rank)].push_back(static_cast<int>(g));
       if (tier_of(group) != 0 || routing == Switches::Mode::off) continue;
-      // The first inter-node hop of the ring (ranks are node-major and consecutive).
-      std::size_t hop = 0;
-      while (cluster.same_node(group.ranks[hop], group.ranks[(hop + 1) % group.ranks.size()])) ++hop;
-      Tokens most = 0;
-      std::map<int, Tokens> held;
-      for (const SequenceChunks& sequence : group.sequences) {
-        for (const Chunk& chunk : sequence.chunks) most = std::max(most, held[chunk.rank] += chunk.size());
-      }
-      const int src = group.ranks[hop];
-      const int dst = group.ranks[(hop + 1) % group.ranks.size()];
-      Routing chosen = choose_routing(cost, evaluator, kv_bytes * most, src, dst);
+      Routing chosen = ring_routing(group, cost, evaluator);
       if (routing == Switches::Mode::on && chosen.proxies == 1 && cluster.nics_per_node > 1) {
         chosen = {cluster.nics_per_node, 4};
       }
@@ -222,6 +211,24 @@ void note_idle_gpus(Plan& plan, const std::string& reason) {
 }
 
 }  // namespace
+
+Routing ring_routing(const AttentionGroup& group, const CostModel& cost, const PlanEvaluator& evaluator) {
+  const Cluster& cluster = cost.cluster();
+  const std::size_t size = group.ranks.size();
+  const auto off_node = [&](int rank) { return !cluster.same_node(rank, group.ranks.front()); };
+  if (std::none_of(group.ranks.begin(), group.ranks.end(), off_node)) return {};
+  // The first hop between nodes in ring order (zeppelin's rings are node-major and
+  // consecutive, so theirs is the first crossing of a node boundary).
+  std::size_t hop = 0;
+  while (cluster.same_node(group.ranks[hop], group.ranks[(hop + 1) % size])) ++hop;
+  Tokens most = 0;
+  std::map<int, Tokens> held;
+  for (const SequenceChunks& sequence : group.sequences) {
+    for (const Chunk& chunk : sequence.chunks) most = std::max(most, held[chunk.rank] += chunk.size());
+  }
+  return choose_routing(cost, evaluator, cost.model().kv_bytes_per_token() * most, group.ranks[hop],
+                        group.ranks[(hop + 1) % size]);
+}
 
 std::int64_t& uncapped_replan_count() {
   thread_local std::int64_t count = 0;

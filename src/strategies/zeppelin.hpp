@@ -54,6 +54,11 @@ struct Routing {
 /// cannot be the minimum, so the choice is choose_routing_exhaustive()'s.
 Routing choose_routing(const CostModel& cost, const PlanEvaluator& evaluator, Bytes bytes_per_layer,
                        int src_rank, int dst_rank);
+/// The routing of a ring over `group`'s ranks (in ring order): choose_routing() for the KV
+/// bytes its fullest member holds, on its first hop between nodes; none ({1, 1}) within one
+/// node. What zeppelin gives its inter-node rings, and ballast's moves every ring over
+/// several nodes they build.
+Routing ring_routing(const AttentionGroup& group, const CostModel& cost, const PlanEvaluator& evaluator);
 /// The reference: every choice priced, in the order of the ties.
 Routing choose_routing_exhaustive(const CostModel& cost, const PlanEvaluator& evaluator,
                                   Bytes bytes_per_layer, int src_rank, int dst_rank);

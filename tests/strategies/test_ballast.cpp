@@ -22,6 +22,7 @@
 #include "ballast/strategy.hpp"
 #include "ballast/workload.hpp"
 #include "builders.hpp"
+#include "zeppelin.hpp"
 
 namespace ballast::strategies {
 namespace {
@@ -1269,7 +1270,85 @@ TEST(BallastMoves, WholeClusterGroupsCoverEveryRankInEachLayout) {
   }
 }
 
+/// `group` unrouted: what build_group() makes before the routing is chosen.
+AttentionGroup unrouted(AttentionGroup group) {
+  group.routing_proxies = 1;
+  group.routing_chunks = 1;
+  return group;
+}
+
+bool spans_nodes(const AttentionGroup& group, const Cluster& cluster) {
+  return std::any_of(group.ranks.begin(), group.ranks.end(),
+                     [&](int rank) { return !cluster.same_node(rank, group.ranks.front()); });
+}
+
+// ring_routing=auto: every ring over several nodes that the seeds or the moves build is
+// routed as zeppelin routes its own inter-node rings (zeppelin::ring_routing), and the
+// routing is a real choice (on a800-roce, 4 NICs shared by 8 GPUs, the whole-cluster ring
+// of long documents is routed, and some moves' rings are); without a router (the
+// default) they are all unrouted.
+TEST(BallastMoves, RingRoutingRoutesTheRingsOverSeveralNodesAsZeppelinDoes) {
+  int routed_rings = 0;
+  for (const CostSetup& setup : setups()) {
+    const CostModel& cost = *setup.cost;
+    const SimulatorEvaluator evaluator(cost);
+    const Tokens length = 4 * usable_tokens_per_rank(cost, Scheme::ring, 16);
+    const Plan skeleton = make_plan_skeleton(make_batch({length, length / 2}), cost, "ballast");
+    for (const AttentionGroup& group : whole_cluster_groups({0, 1}, skeleton, cost, &evaluator)) {
+      if (group.scheme != Scheme::ring) {
+        EXPECT_EQ(group.routing_proxies, 1) << setup.label;
+        continue;
+      }
+      const zeppelin::Routing chosen = zeppelin::ring_routing(unrouted(group), cost, evaluator);
+      EXPECT_EQ(group.routing_proxies, chosen.proxies) << setup.label;
+      EXPECT_EQ(group.routing_chunks, chosen.chunks) << setup.label;
+      if (setup.label.find("4 NICs") != std::string::npos) {
+        EXPECT_GT(group.routing_proxies, 1) << setup.label << ": the long documents' ring pays for routing";
+      }
+    }
+    for (const AttentionGroup& group : whole_cluster_groups({0, 1}, skeleton, cost)) {
+      EXPECT_EQ(group.routing_proxies, 1) << setup.label;
+    }
+    const Batch batch = sampled_batch(cost, 12);
+    for (const std::string name : {"static-cp", "zeppelin", "flexsp-fast"}) {
+      const std::optional<Plan> plan = plan_or_skip(find_planner(name), batch, cost, evaluator);
+      if (!plan) continue;
+      const PlanEvaluation evaluation = evaluator.evaluate(*plan);
+      const PlanEstimate raw = estimate_plan(*plan, cost, evaluator);
+      for (const Loads loads : {Loads::with_sync, Loads::before_sync, Loads::whole_step}) {
+        const PlanEstimate estimate = anchored(raw, rank_offsets(raw, loads == Loads::with_sync
+                                                                         ? evaluation.rank_time_s
+                                                                         : evaluation.rank_time_before_sync_s));
+        for (const bool route : {false, true}) {
+          for (const Move& move : generate_moves(*plan, estimate, cost, 256, loads, route ? &evaluator : nullptr)) {
+            for (const MicroBatchEdit& edit : move.edits) {
+              for (const AttentionGroup& group : edit.added) {
+                if (group.scheme != Scheme::ring || !spans_nodes(group, cost.cluster())) continue;
+                const bool kept = std::any_of(
+                    plan->micro_batches.begin(), plan->micro_batches.end(), [&](const MicroBatch& micro_batch) {
+                      return std::find(micro_batch.groups.begin(), micro_batch.groups.end(), group) !=
+                             micro_batch.groups.end();
+                    });
+                if (kept) continue;  // copied from the plan with its own routing
+                const zeppelin::Routing chosen =
+                    route ? zeppelin::ring_routing(unrouted(group), cost, evaluator) : zeppelin::Routing{};
+                EXPECT_EQ(group.routing_proxies, chosen.proxies) << setup.label << " " << name;
+                EXPECT_EQ(group.routing_chunks, chosen.chunks) << setup.label << " " << name;
+                routed_rings += group.routing_proxies > 1 ? 1 : 0;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(routed_rings, 0) << "no move built a routed ring";
+}
+
 TEST(BallastPlanner, SpecParameters) {
+  EXPECT_NO_THROW(parse_strategy_spec("ballast:ring_routing=auto"));
+  EXPECT_NO_THROW(parse_strategy_spec("ballast:ring_routing=off"));
+  EXPECT_THROW(parse_strategy_spec("ballast:ring_routing=on"), InputError);
   EXPECT_NO_THROW(parse_strategy_spec("ballast:portfolio=packed-dp+zeppelin:budget=4"));
   EXPECT_THROW(parse_strategy_spec("ballast:portfolio=packed-dp+nope"), InputError);
   EXPECT_THROW(parse_strategy_spec("ballast:portfolio=ballast"), InputError);
