@@ -210,11 +210,11 @@ void add_group(MicroBatch& micro_batch, AttentionGroup group) {
 /// shortest. A long document that every strategy splits over a few ranks (FlexSP's
 /// largest Ulysses group, Zeppelin's inter-node ring) can run faster on all of them while
 /// the short ones pack as before. The fastest by the evaluator replaces `best` when it is
-/// faster.
+/// faster. `route_rings`: the whole-cluster ring is routed (ring_routing=auto).
 bool try_seeds(const Batch& batch, const CostModel& cost, const PlannerOptions& options,
-               const PlanEvaluator& evaluator, const Planner& winner, Plan& best,
+               const PlanEvaluator& evaluator, const Planner& winner, bool route_rings, Plan& best,
                PlanEvaluation& best_evaluation) {
-  const PlanEvaluator* ring_router = ring_routing_of(options) ? &evaluator : nullptr;
+  const PlanEvaluator* ring_router = route_rings ? &evaluator : nullptr;
   bool found = false;
   const std::size_t count = batch.lengths_tokens.size();
   std::vector<std::int64_t> order(count);
@@ -541,10 +541,10 @@ class BallastPlanner final : public Planner {
     // the search from either may end faster (each keeps its own budget).
     Plan seed = best;
     PlanEvaluation seed_evaluation = evaluation;
-    const bool seeded = try_seeds(batch, cost, options, evaluator, *winner, seed, seed_evaluation);
+    const bool route_rings = ring_routing_of(options);
+    const bool seeded = try_seeds(batch, cost, options, evaluator, *winner, route_rings, seed, seed_evaluation);
     // The searches' candidates only: the portfolio's members simulate many plans once.
     const RememberingEvaluator remembering(evaluator);
-    const bool route_rings = ring_routing_of(options);
     best = search(std::move(best), evaluation, cost, remembering, budget, route_rings);
     if (!seeded) return best;
     seed = search(std::move(seed), seed_evaluation, cost, remembering, budget, route_rings);

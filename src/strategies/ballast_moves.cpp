@@ -63,11 +63,12 @@ AttentionGroup build_group(Scheme scheme, const std::vector<int>& ranks,
   return group;
 }
 
-/// `group` with the routing zeppelin would give it (zeppelin::ring_routing) when it is a
-/// ring over several nodes (build_group() builds every group unrouted).
-AttentionGroup routed(AttentionGroup group, const CostModel& cost, const PlanEvaluator& evaluator) {
-  if (group.scheme != Scheme::ring) return group;
-  const zeppelin::Routing routing = zeppelin::ring_routing(group, cost, evaluator);
+/// `group` with the routing zeppelin would give it (zeppelin::ring_routing, priced by
+/// `ring_router`) when it is a ring over several nodes; as it is without a router
+/// (build_group() builds every group unrouted).
+AttentionGroup routed(AttentionGroup group, const CostModel& cost, const PlanEvaluator* ring_router) {
+  if (ring_router == nullptr || group.scheme != Scheme::ring) return group;
+  const zeppelin::Routing routing = zeppelin::ring_routing(group, cost, *ring_router);
   group.routing_proxies = routing.proxies;
   group.routing_chunks = routing.chunks;
   return group;
@@ -431,8 +432,7 @@ class MoveGenerator {
   /// zeppelin would route it (routed()).
   AttentionGroup build(Scheme scheme, const std::vector<int>& ranks, const std::vector<std::int64_t>& ids,
                        int ulysses_degree = 1) const {
-    AttentionGroup group = build_group(scheme, ranks, ids, plan_, ulysses_degree);
-    return ring_router_ ? routed(std::move(group), cost_, *ring_router_) : group;
+    return routed(build_group(scheme, ranks, ids, plan_, ulysses_degree), cost_, ring_router_);
   }
   /// The attention tokens a rank may be dealt: kDealtCapacityShare of its capacity (the
   /// groups' attention buffers take memory too, under 1% of it on the presets).
@@ -1476,8 +1476,7 @@ std::vector<AttentionGroup> whole_cluster_groups(const std::vector<std::int64_t>
   std::vector<int> ranks(static_cast<std::size_t>(cost.cluster().ranks()));
   std::iota(ranks.begin(), ranks.end(), 0);
   if (ranks.size() == 1) return {build_group(Scheme::local, ranks, ids, plan)};
-  AttentionGroup ring = build_group(Scheme::ring, ranks, ids, plan);
-  std::vector<AttentionGroup> groups{ring_router ? routed(std::move(ring), cost, *ring_router) : ring};
+  std::vector<AttentionGroup> groups{routed(build_group(Scheme::ring, ranks, ids, plan), cost, ring_router)};
   if (ulysses_group_allowed(cost, static_cast<int>(ranks.size()))) {
     groups.push_back(build_group(Scheme::ulysses, ranks, ids, plan));
   }
