@@ -20,7 +20,6 @@ of the time (10-30 s per step).
 import argparse
 import csv
 import json
-import math
 import os
 import re
 import resource
@@ -367,7 +366,7 @@ def summarize(add, ratios, gaps, speedups, ceilings, plan_ms, of_what):
     if ratios:
         worst, worst_label = max(ratios)
         within = sum(1 for r, _ in ratios if r <= 1.005)
-        geomean = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
+        geomean = statistics.geometric_mean(speedups) if speedups else None
         geomean_text = "-" if geomean is None else f"{geomean:.3f}x"
         plan_text = (f"median {statistics.median(plan_ms):.0f} ms, largest {max(plan_ms):.0f} ms"
                      if plan_ms else "not reported")
@@ -377,7 +376,7 @@ def summarize(add, ratios, gaps, speedups, ceilings, plan_ms, of_what):
             f"bound {100 * sum(gaps) / len(gaps):.1f}% (target under 10%); planning time per step "
             f"{plan_text}.")
         if ceilings:
-            ceiling = math.exp(sum(math.log(c) for c in ceilings) / len(ceilings))
+            ceiling = statistics.geometric_mean(ceilings)
             under = sum(1 for c in ceilings if c < 1.10)
             add("")
             add(f"A step at the lower bound on every one of these runs would make that speedup "
