@@ -62,9 +62,10 @@ struct LowerBound {
   /// beyond the min_micro_batches already counted; docs/simulator.md section 7); 0 for a
   /// dense model.
   Seconds expert_imbalance_s = 0;
-  /// The longest sequence's attention on the best group for it: over every scheme and
-  /// group size, its compute shared by the members plus the communication the scheme's
-  /// dependencies cannot overlap with it (docs/simulator.md section 7); 0 for an empty batch.
+  /// The longest sequence's attention on the best group for it, with every micro-batch's
+  /// overhead: over every scheme and group size, the larger of its busiest member's program
+  /// (its share of the attention, the overheads and the scheme's collectives) and the KV it
+  /// receives point to point (docs/simulator.md section 7); 0 for an empty batch.
   Seconds longest_sequence_s = 0;
   /// With GradientSync::overlap, all the gradient buckets back to back (the simulator runs
   /// them one after another); 0 otherwise or for an empty batch.
@@ -117,6 +118,13 @@ struct SimulationReport {
   int tensor_parallel = 1;  ///< GPUs per rank (TP group), to name trace processes
   std::vector<TraceEvent> trace;  ///< filled when options.record_trace
 };
+
+/// Throws InternalError ("please report", naming the binding term, every term and the
+/// plan) when the report's step is below its lower bound: the bound holds for every valid
+/// plan (docs/simulator.md section 7), so such a step is a bug in the simulator or the
+/// bound, never a figure to print. Relative tolerance 1e-9 for rounding (the two sum the
+/// same costs in different orders). simulate() calls it on every report.
+void require_at_or_above_bound(const Plan& plan, const SimulationReport& report);
 
 /// Validates the plan first (an invalid plan throws InputError and is never simulated).
 /// Deterministic: same plan and cost model, identical report.

@@ -131,14 +131,20 @@ double ulysses_bytes_per_token(const Model& model) {
          static_cast<double>(model.hidden_bytes_per_token() + model.qkv_bytes_per_token());
 }
 
-/// The fastest a USP group of g = u x r ranks (u | heads/N, 2 <= u < g) runs a sequence of
-/// `length` whose attention floor is `attention_s`: the stage all-to-alls come before and
-/// after a member's ring (no overlap), and the ring overlaps at best with the compute. On
-/// average a member receives (u - 1) / u of its share of the stages' all-to-all bytes and
-/// (r - 1) / r x length x KV bytes / u in the ring (its heads' KV of the other stages; at
-/// least 1/u of the KV even with replicated heads), and computes A / g; the slowest member
-/// takes at least the average of a2a + max(compute, ring).
-Seconds usp_floor_s(Tokens length, int g, Seconds attention_s, const CostModel& cost) {
+/// A USP group of g = u x r ranks (u | heads/N, 2 <= u < g) running a sequence of
+/// `length` whose attention floor is `attention_s`, every micro-batch's overhead
+/// `overhead_s` on each member: the stage all-to-alls sit in a member's program before and
+/// after its ring steps (collectives: no other op of the member runs beside them), so its
+/// program takes its all-to-alls + its compute + the overheads; the ring's KV may arrive
+/// while the member runs anything else (docs/simulator.md section 7), so it bounds the step
+/// only on its own: max over members of program, and of ring receive time. The slowest
+/// member takes at least the average of each: the stage all-to-alls' received bytes average
+/// (u - 1) / u of length / g tokens' QKV + O and dO + dQKV bytes at the fastest receive
+/// bandwidth B (or the cost model's all-to-all of u consecutive ranks of floor(length / g)
+/// tokens each when lower: at most the average member's), the compute A / g, and the ring
+/// receive (r - 1) / r x length x KV bytes / u per pass (its heads' KV of the other stages;
+/// at least 1/u of the KV even with replicated heads).
+Seconds usp_floor_s(Tokens length, int g, Seconds attention_s, Seconds overhead_s, const CostModel& cost) {
   const Model& model = cost.model();
   const int heads_per_rank = model.heads / std::max(1, cost.cluster().tensor_parallel.gpus);
   const double bandwidth = fastest_receive_bytes_per_s(cost.cluster());
@@ -154,7 +160,7 @@ Seconds usp_floor_s(Tokens length, int g, Seconds attention_s, const CostModel& 
     for (int i = 0; i < u; ++i) members[i] = i;
     const auto placed_s = [&](Bytes bytes_per_token) {
       const std::vector<Bytes> bytes(static_cast<std::size_t>(u),
-                                     ceil_div(length, static_cast<Tokens>(g)) * bytes_per_token);
+                                     length / static_cast<Tokens>(g) * bytes_per_token);
       return cost.all_to_all_time_s(members, bytes);
     };
     all_to_all_s = std::min(all_to_all_s, (model.forward_passes() + 1.0) *
@@ -163,40 +169,37 @@ Seconds usp_floor_s(Tokens length, int g, Seconds attention_s, const CostModel& 
     const Seconds ring_s = layers * (r - 1.0) / r * length_tokens *
                            static_cast<double>(model.kv_bytes_per_token()) / u *
                            (model.forward_passes() + 2.0) / bandwidth;
-    best_s = std::min(best_s, all_to_all_s + std::max(attention_s / g, ring_s));
+    best_s = std::min(best_s, std::max(all_to_all_s + attention_s / g + overhead_s, ring_s));
   }
   return best_s;
 }
 
-/// A time no group of any scheme or size runs the sequence in (docs/simulator.md section 7):
-/// the minimum over group sizes g (members hold >= length / g tokens, within the token
-/// capacity) of
-///   local (g = 1):         A + L
-///   ring, all-gather:      L / g + max(A / g, (g - 1) / g x KV bytes x (forward passes + 2) / B)
-///   Ulysses (g | heads/N): (A + L) / g + all-to-all floor (in: QKV / dO, out: O / dQKV, every pass)
-///   USP (g = u x r):       L / g + usp_floor_s()
-/// with A the attention floor of all passes, L the linear modules' time of the sequence's
-/// tokens (every pass, with their TP and expert collectives' bandwidth time: proportional
-/// to the tokens, so its members' shares sum to L and the busiest runs >= L / g of it,
-/// serially with the attention, which needs the layer's QKV projection before it and gives
-/// the output projection its input) and B the fastest receive bandwidth.
-Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
+/// A time no group of any scheme or size runs the sequence in, every micro-batch's
+/// overhead `overhead_s` included (docs/simulator.md section 7): the minimum over group
+/// sizes g (members hold >= length / g tokens, within the token capacity) of
+///   local (g = 1):         A + o
+///   ring, all-gather:      max(A / g + o, (g - 1) / g x KV bytes x (forward passes + 2) / B)
+///   Ulysses (g | heads/N): A / g + all-to-all floor (in: QKV / dO, out: O / dQKV, every pass) + o
+///   USP (g = u x r):       usp_floor_s()
+/// with A the attention floor of all passes and B the fastest receive bandwidth. What a
+/// member runs in its program (compute, overheads, collectives) adds; what it receives
+/// point to point (ring KV) may arrive while it runs other work, so it counts only on its
+/// own. The sequence's linear work is not counted: a plan's linear layout may put its
+/// tokens on any ranks (a remap), so no member is bound to run any of it.
+Seconds longest_sequence_floor_s(Tokens length, Seconds overhead_s, const CostModel& cost) {
   if (length <= 0) return 0.0;
   const Model& model = cost.model();
   const Cluster& cluster = cost.cluster();
   const int ranks = cluster.ranks();
   const Tokens capacity = cost.token_capacity_per_rank();
   const Seconds attention_s = attention_floor_s(length, cost);
-  const Seconds linear_s = model.forward_passes() * cost.linear_time_s(length, Pass::forward) +
-                           cost.linear_time_s(length, Pass::backward) +
-                           tensor_parallel_bandwidth_s(length, cost);
   const double bandwidth = fastest_receive_bytes_per_s(cluster);
   const double layers = model.layers;
   const double forward_passes = model.forward_passes();
   const double length_tokens = static_cast<double>(length);
   // Ulysses needs g to divide each TP member's heads (also with KV heads replicated).
   const int heads_per_rank = model.heads / std::max(1, cluster.tensor_parallel.gpus);
-  Seconds best_s = length <= capacity ? attention_s + linear_s : INFINITY;
+  Seconds best_s = length <= capacity ? attention_s + overhead_s : INFINITY;
   std::vector<int> members;
   std::vector<Bytes> member_bytes;
   for (int g = 2; g <= ranks; ++g) {
@@ -207,12 +210,13 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
     // and shares the compute; compute and transfers may overlap.
     const Seconds kv_s = layers * share * length_tokens * static_cast<double>(model.kv_bytes_per_token()) *
                          (forward_passes + 2.0) / bandwidth;
-    best_s = std::min(best_s, linear_s / g + std::max(attention_s / g, kv_s));
+    best_s = std::min(best_s, std::max(attention_s / g + overhead_s, kv_s));
     if (heads_per_rank % g != 0) continue;
     // Ulysses: the all-to-alls come before and after the attention (no overlap). Each
     // member receives (g - 1) / g of its share of the group's bytes; the cost model's own
     // all-to-all on g consecutive ranks when that is cheaper (a cost model whose
-    // all-to-all does not depend on placement, as the profiled one).
+    // all-to-all does not depend on placement, as the profiled one, charges the member
+    // holding the most, at least ceil(length / g) tokens).
     const double received_bytes = layers * share * length_tokens / g * ulysses_bytes_per_token(model);
     Seconds all_to_all_s = received_bytes / bandwidth;
     members.resize(static_cast<std::size_t>(g));
@@ -226,11 +230,11 @@ Seconds longest_sequence_floor_s(Tokens length, const CostModel& cost) {
     const Seconds placed_total_s = (forward_passes + 1.0) * (placed_s(model.qkv_bytes_per_token()) +
                                                              placed_s(model.hidden_bytes_per_token()));
     all_to_all_s = std::min(all_to_all_s, placed_total_s);
-    best_s = std::min(best_s, (attention_s + linear_s) / g + all_to_all_s);
+    best_s = std::min(best_s, attention_s / g + all_to_all_s + overhead_s);
   }
   for (int g = 4; g <= ranks; ++g) {
     if (ceil_div(length, static_cast<Tokens>(g)) > capacity) continue;
-    best_s = std::min(best_s, linear_s / g + usp_floor_s(length, g, attention_s, cost));
+    best_s = std::min(best_s, usp_floor_s(length, g, attention_s, overhead_s, cost));
   }
   return std::isfinite(best_s) ? best_s : 0.0;
 }
@@ -391,9 +395,9 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   Tokens longest = 0;
   for (Tokens length : lengths_tokens) longest = std::max(longest, length);
   // Monotone in the length, so the longest sequence's floor is the largest.
-  bound.longest_sequence_s = longest_sequence_floor_s(longest, cost);
   // Its busiest member pays every micro-batch's overhead too.
-  const Seconds longest_s = bound.longest_sequence_s + bound.overhead_s;
+  bound.longest_sequence_s = longest_sequence_floor_s(longest, bound.overhead_s, cost);
+  const Seconds longest_s = bound.longest_sequence_s;
   if (longest_s > std::max(spread_s, fullest_s)) {
     bound.binding = fmt::format("the longest sequence ({} tokens) on its best group", longest);
   } else if (spread_s >= fullest_s) {

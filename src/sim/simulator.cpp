@@ -160,10 +160,28 @@ GradientSync parse_gradient_sync(const std::string& text, const std::string& set
 
 int gradient_sync_buckets(const Model& model) { return std::max(1, model.layers); }
 
+void require_at_or_above_bound(const Plan& plan, const SimulationReport& report) {
+  const LowerBound& bound = report.lower_bound;
+  if (!(report.step_time_s < bound.time_s * (1.0 - 1e-9))) return;
+  throw InternalError(fmt::format(
+      "the simulated step of plan '{}' ({} sequences, {} micro-batches, {} ranks) takes {:.9g} s, "
+      "below its lower bound of {:.9g} s (binding term: {}; compute spread {:.9g} s, overheads "
+      "{:.9g} s, longest sequence {:.9g} s, gradient sync {:.9g} s, first bucket ready {:.9g} s, "
+      "buckets {:.9g} s, expert imbalance {:.9g} s): a valid plan never beats the bound, so this "
+      "is a bug in the simulator or the bound; please report it with the plan's JSON",
+      plan.strategy, plan.sequence_lengths_tokens.size(), plan.micro_batches.size(),
+      plan.cluster.ranks(), report.step_time_s, bound.time_s, bound.binding,
+      bound.compute_per_rank_s, bound.overhead_s, bound.longest_sequence_s,
+      bound.gradient_sync_s, bound.first_bucket_ready_s, bound.gradient_buckets_s,
+      bound.expert_imbalance_s));
+}
+
+
 SimulationReport simulate(const Plan& plan, const CostModel& cost,
                           const SimulationOptions& options) {
   require_valid(plan, cost, "plan");
   SimulationReport report = sim::simulate_validated(plan, cost, options);
+  require_at_or_above_bound(plan, report);
   // The report ends a plan's simulations (planners evaluate through SimulatorEvaluator):
   // what comes next (its JSON, a trace) needs no simulator buffers.
   sim::release_spare_buffers();

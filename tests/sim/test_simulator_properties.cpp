@@ -8,7 +8,9 @@
 #include <cmath>
 #include <sstream>
 
+#include "ballast/cluster.hpp"
 #include "ballast/error.hpp"
+#include "ballast/model.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/trace.hpp"
 #include "ballast/workload.hpp"
@@ -17,9 +19,11 @@
 namespace ballast {
 namespace {
 
+using testing::empty_plan;
 using testing::fake_cluster;
 using testing::fake_model;
 using testing::FakeCostModel;
+using testing::local_group;
 
 constexpr double kTolerance_s = 1e-12;
 constexpr double ms(double milliseconds) { return milliseconds * 1e-3; }
@@ -84,14 +88,65 @@ TEST(LowerBound, ComputeSpreadOverRanks) {
   EXPECT_EQ(bound.binding, "compute spread over 2 ranks");
 }
 
-// The longest sequence's floor holds its linear modules' time as well as its attention:
-// on one rank the sequence is all the work, so the floor is the whole compute floor (100
-// tokens: linear 1 + 2, attention 5.05 + 10.1 = 18.15; attention alone was 15.15).
-TEST(LowerBound, LongestSequenceFloorHoldsItsLinearModules) {
+// The longest sequence's floor is its attention (and overheads) on its best group, not its
+// linear modules: a plan's linear layout may put those on any rank. On one rank: attention
+// 5.05 + 10.1 = 15.15 ms (the spread, with linear 1 + 2 ms, is 18.15 ms).
+TEST(LowerBound, LongestSequenceFloorIsItsAttention) {
   FakeCostModel cost(fake_cluster(1, 1, 1), fake_model());
   const LowerBound bound = lower_bound(std::vector<Tokens>{100}, cost);
-  EXPECT_NEAR(bound.longest_sequence_s, ms(18.15), kTolerance_s);
-  EXPECT_NEAR(bound.longest_sequence_s, bound.compute_per_rank_s, kTolerance_s);
+  EXPECT_NEAR(bound.longest_sequence_s, ms(15.15), kTolerance_s);
+  EXPECT_NEAR(bound.compute_per_rank_s, ms(18.15), kTolerance_s);
+}
+
+// Issue 55's counterexample: one 1,024-token sequence computed locally on rank 0 with its
+// linear layout split evenly over 8 ranks, on an h100 node without its calibrated
+// collectives, 1 us NVLink latency and 10x the FLOP rate, llama-7b with one (KV) head and
+// 1e8 parameters. The bound that counted the sequence's linear work on its group's ranks
+// (lin(L) / g with g = 1) was 0.005065 s against a simulated step of 0.004767 s.
+TEST(LowerBound, HoldsWhenTheLongestSequenceIsRemapped) {
+  Cluster cluster = cluster_preset("h100");
+  cluster.nodes = 1;
+  cluster.intra_node_collectives.clear();
+  cluster.intra_node_latency_s = 1e-6;
+  cluster.peak_flops_per_s *= 10;
+  Model model = model_preset("llama-7b");
+  model.heads = 1;
+  model.kv_heads = 1;
+  model.parameters = 100'000'000;
+  const AnalyticalCostModel cost(cluster, model);
+  Plan plan = empty_plan(cost, {1024});
+  MicroBatch micro_batch;
+  micro_batch.groups.push_back(local_group(0, 0, 1024));
+  for (int rank = 0; rank < 8; ++rank)
+    micro_batch.linear_layout.push_back({rank, 0, 128 * rank, 128 * (rank + 1)});
+  plan.micro_batches.push_back(micro_batch);
+  for (const GradientSync sync : {GradientSync::end, GradientSync::overlap}) {
+    const SimulationReport report = simulate(plan, cost, {.gradient_sync = sync});
+    EXPECT_LE(report.lower_bound.time_s, report.step_time_s);
+  }
+}
+
+// A step below its bound is a bug, reported as one (an InternalError: the CLI's exit 3
+// "please report", Python's RuntimeError) naming the binding term and the plan; a step at
+// the bound (within rounding) is a figure.
+TEST(LowerBound, AStepBelowItIsAnInternalError) {
+  FakeCostModel cost(fake_cluster(1, 2, 1), fake_model());
+  Plan plan = empty_plan(cost, {100, 50});
+  plan.strategy = "hand-made";
+  SimulationReport report;
+  report.lower_bound = lower_bound(plan.sequence_lengths_tokens, cost);
+  report.step_time_s = report.lower_bound.time_s * (1 - 1e-12);
+  EXPECT_NO_THROW(require_at_or_above_bound(plan, report));
+  report.step_time_s = report.lower_bound.time_s * 0.99;
+  try {
+    require_at_or_above_bound(plan, report);
+    ADD_FAILURE() << "a step below the bound passed";
+  } catch (const InternalError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("plan 'hand-made'"), std::string::npos) << message;
+    EXPECT_NE(message.find("binding term: compute spread over 2 ranks"), std::string::npos) << message;
+    EXPECT_NE(message.find("please report"), std::string::npos) << message;
+  }
 }
 
 TEST(LowerBound, FullRecomputationCountsTheForwardTwice) {
