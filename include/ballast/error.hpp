@@ -42,6 +42,12 @@ Frontend current_frontend();
 /// message names is in the table in src/common/error.cpp.
 std::string setting_name(std::string_view cli_flag);
 
+/// What to do about a sequence too long for a strategy or cluster: in the CLI "lower
+/// --max-context" (the sampler drops or splits what is longer, --over-context); in Python,
+/// whose plan() plans every length it is given (max_context_tokens drops none), "give
+/// shorter lengths".
+std::string shorter_sequences_advice();
+
 [[noreturn]] void fail_check(const char* condition, const char* file, int line,
                              const std::string& message);
 

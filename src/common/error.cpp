@@ -50,6 +50,14 @@ std::string setting_name(std::string_view cli_flag) {
              fmt::format("no Python name for the flag '{}'", cli_flag));
 }
 
+std::string shorter_sequences_advice() {
+  if (current_frontend() == Frontend::python) {
+    return "give shorter lengths (plan() plans every length it is given; max_context_tokens "
+           "drops none)";
+  }
+  return "lower --max-context";
+}
+
 void fail_check(const char* condition, const char* file, int line, const std::string& message) {
   throw InternalError(fmt::format("internal error at {}:{}: check `{}` failed: {}", file, line,
                                   condition, message));

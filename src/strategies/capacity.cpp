@@ -87,13 +87,14 @@ std::string degree_limit_reason(const CostModel& cost, Scheme scheme, int larges
                      ranks);
 }
 
-std::string what_to_do(Scheme scheme) {
+/// `shorten`: what makes the sequences shorter (shorter_sequences_advice(), or lowering the
+/// run's context where the context, not a sequence, is too long).
+std::string what_to_do(Scheme scheme, const std::string& shorten = shorter_sequences_advice()) {
   if (scheme == Scheme::ulysses) {
-    return fmt::format("use a strategy that splits further (static-cp, hybrid-dp), lower {} or "
-                       "add {}",
-                       setting_name("--max-context"), setting_name("--nodes"));
+    return fmt::format("use a strategy that splits further (static-cp, hybrid-dp), {} or add {}",
+                       shorten, setting_name("--nodes"));
   }
-  return fmt::format("lower {} or add {}", setting_name("--max-context"), setting_name("--nodes"));
+  return fmt::format("{} or add {}", shorten, setting_name("--nodes"));
 }
 
 /// Divisors of the rank count (ulysses: also of the KV heads per TP GPU), ascending.
@@ -208,7 +209,8 @@ int context_degree(Tokens context_tokens, const CostModel& cost, Scheme scheme,
       "{}; {}, or give {}:degree={} (each step sized for its own longest sequence)",
       strategy, with_thousands(context_tokens), setting_name("--max-context"), largest,
       with_thousands(max_sequence_tokens_at(cost, scheme, largest)),
-      degree_limit_reason(cost, scheme, largest), what_to_do(scheme), strategy, kDegreePerStep));
+      degree_limit_reason(cost, scheme, largest),
+      what_to_do(scheme, fmt::format("lower {}", setting_name("--max-context"))), strategy, kDegreePerStep));
 }
 
 int static_degree(const Batch& batch, const CostModel& cost, const PlannerOptions& options,

@@ -37,9 +37,9 @@ int sequence_degree(std::int64_t id, Tokens length, Tokens ring_tokens_per_rank,
   const Tokens held = largest * ring_tokens_per_rank / (2 * largest) * (2 * largest);
   throw PlanningError(fmt::format(
       "{} cannot run sequence {} ({} tokens): the largest ring ({} of the {} ranks) holds {} "
-      "tokens; lower {} or add {}",
+      "tokens; {} or add {}",
       kName, id, with_thousands(length), largest, ranks, with_thousands(held),
-      setting_name("--max-context"), setting_name("--nodes")));
+      shorter_sequences_advice(), setting_name("--nodes")));
 }
 
 /// Sequences with their degrees, in placement order: proxy descending, id ascending.

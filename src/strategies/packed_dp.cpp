@@ -50,9 +50,9 @@ class PackedDpPlanner final : public Planner {
         throw PlanningError(fmt::format(
             "{} cannot run sequence {} ({} tokens): one GPU holds {} tokens and packed-dp never "
             "splits a sequence; use a strategy that splits sequences (static-cp, hybrid-dp) or "
-            "lower {}",
+            "{}",
             kName, id, with_thousands(length), with_thousands(capacity_tokens),
-            setting_name("--max-context")));
+            shorter_sequences_advice()));
       }
       items.push_back({static_cast<std::int64_t>(id), length});
     }

@@ -338,9 +338,9 @@ TierChoice choose_tier(std::int64_t sequence_id, Tokens length_tokens, Seconds t
   }
   throw PlanningError(fmt::format(
       "zeppelin cannot run sequence {} ({} tokens): a ring over all {} GPUs holds {} tokens; "
-      "lower {} or add {}",
+      "{} or add {}",
       sequence_id, with_thousands(length_tokens), gpus * context.nodes,
-      with_thousands(capacity * gpus * context.nodes), setting_name("--max-context"),
+      with_thousands(capacity * gpus * context.nodes), shorter_sequences_advice(),
       setting_name("--nodes")));
 }
 
