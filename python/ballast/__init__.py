@@ -347,6 +347,23 @@ Cluster.__repr__ = lambda self: (  # type: ignore[assignment]
     + (f", tensor_parallel={self.tensor_parallel})" if self.tensor_parallel > 1 else ")"))
 Cluster.__eq__ = lambda self, other: isinstance(other, Cluster) and self.to_json() == other.to_json()  # type: ignore[assignment]
 Cluster.__hash__ = None  # type: ignore[assignment]
+_emulated_cluster = Cluster.emulated
+
+
+def _emulated(model: ModelLike, ranks: int, gpus_per_node: int, rank_tokens: int) -> Cluster:
+    """The cluster CPU processes emulate, one per GPU (gloo processes of ballast.torch; its
+    compute and link figures are fixed estimates, while ``ballast run`` plans on ``ballast
+    calibrate --host``'s measurements): ranks GPUs in nodes of gpus_per_node, memory for
+    rank_tokens tokens of the model's activations next to its ZeRO-3 model states. ``model``
+    is what ``plan()`` takes: a preset name, a JSON file path, a ``Model`` or a dict.
+
+    >>> ballast.Cluster.emulated("llama-7b", 4, 2, 2048).ranks
+    4
+    """
+    return _emulated_cluster(_model(model), int(ranks), int(gpus_per_node), int(rank_tokens))
+
+
+Cluster.emulated = staticmethod(_emulated)  # type: ignore[assignment]
 Model.to_dict = _model_to_dict  # type: ignore[attr-defined]
 Model.__repr__ = lambda self: f"Model(name='{self.name}', layers={self.layers}, hidden={self.hidden}, heads={self.heads}, kv_heads={self.kv_heads})"  # type: ignore[assignment]
 Model.__eq__ = lambda self, other: isinstance(other, Model) and self.to_json() == other.to_json()  # type: ignore[assignment]

@@ -1,6 +1,7 @@
 # Type hints for the C++ extension (python/src/module.cpp); the docs are in its docstrings
 # and in docs/python.md.
-from typing import Any, Dict, List, Optional, Tuple
+import os
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +31,7 @@ class Cluster:
     @staticmethod
     def load(preset_or_file: str, nodes: Optional[int] = None) -> Cluster: ...
     @staticmethod
-    def emulated(model: Model, ranks: int, gpus_per_node: int, rank_tokens: int) -> Cluster: ...
+    def emulated(model: Union[Model, str, os.PathLike, Dict[str, Any]], ranks: int, gpus_per_node: int, rank_tokens: int) -> Cluster: ...
     @staticmethod
     def from_json(text: str, source: str = "<string>") -> Cluster: ...
     def to_json(self) -> str: ...

@@ -270,6 +270,9 @@ def test_emulated_cluster_shape_and_memory():
     assert abs(usable - expected) <= 1.0
     with pytest.raises(ValueError, match="gpus_per_node"):
         ballast.Cluster.emulated(model, ranks=8, gpus_per_node=3, rank_tokens=4096)
+    # The model as plan() takes it: a preset name (or file, dict), not only a Model.
+    assert ballast.Cluster.emulated("llama-7b", 8, 4, 4096) == cluster
+    assert ballast.Cluster.emulated(model.to_dict(), 8, 4, 4096) == cluster
 
 
 def test_model_recompute_sets_memory_and_cost():
