@@ -629,23 +629,32 @@ Violation check_linear_layouts(const Plan& plan) {
 
 // ---------------------------------------------------------------- memory
 
+/// Bytes per GPU, as simulate reports peak memory: a rank of a TP plan is a group of
+/// `gpus_per_rank` GPUs, each holding 1/N of its bytes.
 std::string describe_overflow(int rank, const plan_detail::RankPeak& peak, Bytes limit,
-                              Bytes model_states) {
+                              Bytes model_states, int gpus_per_rank) {
+  const auto per_gpu = [gpus_per_rank](Bytes bytes) { return ceil_div(bytes, Bytes{gpus_per_rank}); };
+  const Bytes need = per_gpu(peak.peak_bytes);
+  limit /= gpus_per_rank;
+  const std::string who =
+      gpus_per_rank > 1 ? fmt::format("rank {} (a TP group of {} GPUs)", rank, gpus_per_rank)
+                        : fmt::format("rank {}", rank);
+  const std::string unit = gpus_per_rank > 1 ? " per GPU" : "";
   // One decimal, or three when one decimal would print the need equal to the limit.
-  const int decimals = gib(peak.peak_bytes) == gib(limit) ? 3 : 1;
+  const int decimals = gib(need) == gib(limit) ? 3 : 1;
   if (peak.micro_batch < 0) {
     return fmt::format(
-        "rank {} needs {} for model states alone but the limit is {}; use more "
+        "{} needs {}{} for model states alone but the limit is {}{}; use more "
         "ranks (ZeRO-3 shards model states over all ranks)",
-        rank, gib(peak.peak_bytes, decimals), gib(limit, decimals));
+        who, gib(need, decimals), unit, gib(limit, decimals), unit);
   }
-  std::string terms = fmt::format("model states {} + {} activation tokens", gib(model_states),
+  std::string terms = fmt::format("model states {} + {} activation tokens", gib(per_gpu(model_states)),
                                   with_thousands(peak.activation_tokens));
   if (peak.transient_bytes > 0) {
-    terms += fmt::format(" + {} attention buffers", gib(peak.transient_bytes, 2));
+    terms += fmt::format(" + {} attention buffers", gib(per_gpu(peak.transient_bytes), 2));
   }
-  return fmt::format("rank {} needs {} in micro-batch {} but the limit is {} ({})", rank,
-                     gib(peak.peak_bytes, decimals), peak.micro_batch, gib(limit, decimals), terms);
+  return fmt::format("{} needs {}{} in micro-batch {} but the limit is {}{} ({})", who,
+                     gib(need, decimals), unit, peak.micro_batch, gib(limit, decimals), unit, terms);
 }
 
 Violation check_memory(const Plan& plan, const CostModel& cost) {
@@ -654,7 +663,7 @@ Violation check_memory(const Plan& plan, const CostModel& cost) {
   for (std::size_t rank = 0; rank < peaks.size(); ++rank) {
     if (peaks[rank].peak_bytes > limit) {
       return describe_overflow(static_cast<int>(rank), peaks[rank], limit,
-                               cost.model_state_bytes_per_rank());
+                               cost.model_state_bytes_per_rank(), plan.cluster.tensor_parallel.gpus);
     }
   }
   return std::nullopt;

@@ -271,6 +271,19 @@ TEST(Validate, TensorParallelMustMatchTheCostModelAndLimitsUlysses) {
             "KV heads of each GPU at tensor parallelism 2: the degree must divide the heads and "
             "either divide the KV heads or be a multiple of them (KV heads replicated); use one "
             "of the degrees 1, 2, 4 (or another scheme for this group)");
+  // Memory per GPU, as simulate reports it: a TP group's bytes are shared by its GPUs.
+  plan.sequence_lengths_tokens[1] = 400000;
+  plan.micro_batches[0].groups = {split_group(Scheme::ulysses, {0, 1}, {{0, 4096}}),
+                                  local_group(4, {{1, 400000}})};
+  const ValidationResult overflow = validate(plan, cost);
+  EXPECT_FALSE(overflow.ok);
+  EXPECT_TRUE(overflow.message.starts_with("rank 4 (a TP group of 2 GPUs) needs ")) << overflow.message;
+  EXPECT_NE(overflow.message.find(" GiB per GPU in micro-batch 0 but the limit is 72.0 GiB per GPU ("),
+            std::string::npos)
+      << overflow.message;
+  plan.sequence_lengths_tokens[1] = 1024;
+  plan.micro_batches[0].groups = {split_group(Scheme::ulysses, {0, 1}, {{0, 4096}}),
+                                  local_group(4, {{1, 1024}})};
   // A plan of TP groups against a cost model without TP (and back).
   const testing::FakeCostModel plain(testing::small_cluster(2, 8), testing::small_model());
   const ValidationResult mismatch = validate(plan, plain);

@@ -256,12 +256,15 @@ int run_validate(const ValidateArgs& args) {
       results.push_back({{"plan", name}, {"valid", result.ok},
                          {"message", result.ok ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(result.message)}});
     } else if (result.ok) {
+      // Per GPU, as simulate reports it: a rank of a TP plan is a group of N GPUs.
       const auto memory = peak_memory_bytes_per_rank(plan, *cost);
+      const Bytes gpus_per_rank = plan.cluster.tensor_parallel.gpus;
       const Bytes peak = memory.empty() ? 0 : *std::max_element(memory.begin(), memory.end());
       fmt::print("{}: valid: strategy {}, {} sequences, {} micro-batches, {} groups, peak memory "
-                 "{:.2f} GiB of {:.2f} GiB\n",
+                 "{:.2f} GiB of {:.2f} GiB per GPU\n",
                  name, plan.strategy, plan.sequence_lengths_tokens.size(), plan.micro_batches.size(),
-                 groups, peak / kGiB, cost->memory_limit_bytes() / kGiB);
+                 groups, ceil_div(peak, gpus_per_rank) / kGiB,
+                 static_cast<double>(cost->memory_limit_bytes() / gpus_per_rank) / kGiB);
     } else {
       fmt::print("{}: invalid: {}\n", name, result.message);
     }
