@@ -196,12 +196,39 @@ def rows_to_show(data, events):
     return sorted(slowest), f"; the {ROWS_SHOWN} of {ranks} ranks that finish compute last"
 
 
+#: How the timeline marks a micro-batch boundary (a short dotted tick on the rank's row) and
+#: the step's end (a solid line over every row): two glyphs a reader can tell apart.
+MICRO_BATCH_BOUNDARY_STYLE = {"color": "#444444", "linestyle": ":", "linewidth": 1.0}
+STEP_END_STYLE = {"color": "black", "linestyle": "-", "linewidth": 1.6}
+
+
+def timeline_legend_handles(categories, communicating, latest):
+    """The timeline's legend: compute colours per category, then communication drawn as the
+    bands are (the colour of the first category that communicates, pale where hidden and
+    full where exposed), the micro-batch boundary and step end glyphs, the lower bound and
+    the rank that finishes last."""
+    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D
+    handles = [Patch(facecolor=CATEGORY_COLOURS[c], label=c or "other")
+               for c in CATEGORY_ORDER if c in categories]
+    talking = [c for c in CATEGORY_ORDER if c in communicating]
+    band = CATEGORY_COLOURS[talking[0]] if talking else "#999999"
+    handles += [
+        Patch(facecolor=band, alpha=0.3, label="communication (thin band, its scheme's colour), hidden"),
+        Patch(facecolor=band, label="communication, exposed"),
+        Line2D([], [], label="micro-batch boundary", **MICRO_BATCH_BOUNDARY_STYLE),
+        Line2D([], [], color="black", linestyle="--", linewidth=0.9, label="lower bound"),
+        Line2D([], [], label="step end", **STEP_END_STYLE),
+        Line2D([], [], color="#d62728", linewidth=0, marker="s",
+               label=f"rank {latest}: last to finish compute"),
+    ]
+    return handles
+
+
 def plot_timeline(data, path):
     """One row per rank: compute by category, communication as a thin band under it
     (pale where the rank's compute hides it, full colour where exposed), idle as gaps."""
     plt = load_matplotlib()
-    from matplotlib.patches import Patch
-    from matplotlib.lines import Line2D
     events = data["events"]
     step_s = data["step_time_s"]
     shown, note = rows_to_show(data, events)
@@ -224,6 +251,7 @@ def plot_timeline(data, path):
     height = max(3.0, min(13.0, 1.4 + 0.17 * len(shown)))
     fig, ax = plt.subplots(figsize=(11, height))
     categories = set()
+    communicating = set()
     last_compute = {}
     for r in shown:
         y = row_of[r]
@@ -235,6 +263,7 @@ def plot_timeline(data, path):
                            facecolors=CATEGORY_COLOURS.get(category, "#000000"), linewidth=0)
         for category in sorted(talking[r], key=CATEGORY_ORDER.index):
             categories.add(category)
+            communicating.add(category)
             hidden, exposed = split_by(merged(talking[r][category]), busy)
             colour = CATEGORY_COLOURS.get(category, "#000000")
             ax.broken_barh(joined(hidden, tolerance), (y + 0.2, 0.22), facecolors=colour,
@@ -243,11 +272,13 @@ def plot_timeline(data, path):
                            linewidth=0)
         boundaries = [t for m, t in micro_batch_start[r].items() if m > 0]
         if boundaries:
-            ax.vlines(boundaries, y - 0.48, y + 0.48, colors="black", linewidth=0.8)
+            ax.vlines(boundaries, y - 0.48, y + 0.48, colors=MICRO_BATCH_BOUNDARY_STYLE["color"],
+                      linestyles=MICRO_BATCH_BOUNDARY_STYLE["linestyle"],
+                      linewidth=MICRO_BATCH_BOUNDARY_STYLE["linewidth"])
     for i in range(1, len(shown)):
         if shown[i] // gpus_per_node != shown[i - 1] // gpus_per_node:
             ax.axhline(i - 0.5, color="#888888", linewidth=0.6)
-    ax.axvline(step_s, color="black", linewidth=1.0)
+    ax.axvline(step_s, **STEP_END_STYLE)
     bound_s = data.get("lower_bound_s", 0)
     if bound_s > 0:
         ax.axvline(bound_s, color="black", linestyle="--", linewidth=0.9)
@@ -268,17 +299,7 @@ def plot_timeline(data, path):
         f"{data.get('model', '')}, {data.get('sequences', 0)} sequences, "
         f"{data['micro_batches']} micro-batch{'es' if data['micro_batches'] != 1 else ''}{note}",
         fontsize=9)
-    handles = [Patch(facecolor=CATEGORY_COLOURS[c], label=c or "other")
-               for c in CATEGORY_ORDER if c in categories]
-    handles += [
-        Patch(facecolor="#999999", alpha=0.3, label="communication (thin band), hidden by compute"),
-        Patch(facecolor="#999999", label="communication, exposed"),
-        Line2D([], [], color="black", linewidth=0.8, label="micro-batch boundary"),
-        Line2D([], [], color="black", linestyle="--", linewidth=0.9, label="lower bound"),
-        Line2D([], [], color="black", linewidth=1.0, label="step end"),
-        Line2D([], [], color="#d62728", linewidth=0, marker="s",
-               label=f"rank {latest}: last to finish compute"),
-    ]
+    handles = timeline_legend_handles(categories, communicating, latest)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
               frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
