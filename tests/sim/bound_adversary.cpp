@@ -281,13 +281,24 @@ class Mutator {
     return true;
   }
 
-  AttentionGroup* any_group(Plan& plan, std::size_t min_ranks) {
+  /// A random group of a random micro-batch, with its micro-batch and index there.
+  struct PickedGroup {
+    MicroBatch* micro_batch = nullptr;
+    int index = -1;
+    AttentionGroup* group = nullptr;
+  };
+  PickedGroup pick_group(Plan& plan) {
     const int m = any_micro_batch(plan);
-    if (m < 0) return nullptr;
-    auto& groups = plan.micro_batches[static_cast<std::size_t>(m)].groups;
-    if (groups.empty()) return nullptr;
-    AttentionGroup& group = groups[static_cast<std::size_t>(random_.pick(static_cast<int>(groups.size())))];
-    return group.ranks.size() >= min_ranks ? &group : nullptr;
+    if (m < 0) return {};
+    MicroBatch& micro_batch = plan.micro_batches[static_cast<std::size_t>(m)];
+    if (micro_batch.groups.empty()) return {};
+    const int index = random_.pick(static_cast<int>(micro_batch.groups.size()));
+    return {&micro_batch, index, &micro_batch.groups[static_cast<std::size_t>(index)]};
+  }
+
+  AttentionGroup* any_group(Plan& plan, std::size_t min_ranks) {
+    const PickedGroup picked = pick_group(plan);
+    return picked.group != nullptr && picked.group->ranks.size() >= min_ranks ? picked.group : nullptr;
   }
 
   bool change_scheme(Plan& plan) {
@@ -315,12 +326,11 @@ class Mutator {
   }
 
   bool resize_group(Plan& plan) {
-    const int m = any_micro_batch(plan);
-    if (m < 0) return false;
-    MicroBatch& micro_batch = plan.micro_batches[static_cast<std::size_t>(m)];
-    if (micro_batch.groups.empty()) return false;
-    const int index = random_.pick(static_cast<int>(micro_batch.groups.size()));
-    AttentionGroup& group = micro_batch.groups[static_cast<std::size_t>(index)];
+    const PickedGroup picked = pick_group(plan);
+    if (picked.group == nullptr) return false;
+    MicroBatch& micro_batch = *picked.micro_batch;
+    const int index = picked.index;
+    AttentionGroup& group = *picked.group;
     if (group.ranks.size() >= 2 && random_.chance(2)) {
       const int position = random_.pick(static_cast<int>(group.ranks.size()));
       const int removed = group.ranks[static_cast<std::size_t>(position)];
@@ -348,13 +358,11 @@ class Mutator {
   /// A group of several ranks becomes a local group on one of them (queues: the others
   /// drop it).
   bool make_local(Plan& plan) {
-    const int m = any_micro_batch(plan);
-    if (m < 0) return false;
-    MicroBatch& micro_batch = plan.micro_batches[static_cast<std::size_t>(m)];
-    if (micro_batch.groups.empty()) return false;
-    const int index = random_.pick(static_cast<int>(micro_batch.groups.size()));
-    AttentionGroup& group = micro_batch.groups[static_cast<std::size_t>(index)];
-    if (group.ranks.size() < 2) return false;
+    const PickedGroup picked = pick_group(plan);
+    if (picked.group == nullptr || picked.group->ranks.size() < 2) return false;
+    MicroBatch& micro_batch = *picked.micro_batch;
+    const int index = picked.index;
+    AttentionGroup& group = *picked.group;
     const int kept = random_.element(group.ranks);
     if (!micro_batch.queues.empty()) {
       for (int rank : group.ranks)
