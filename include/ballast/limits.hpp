@@ -23,6 +23,11 @@ inline constexpr std::int64_t kMaxBatchSequences = 1'000'000;
 /// bytes below 2^63; a rank never needs to hold more.
 inline constexpr std::int64_t kMaxBatchTokens = std::int64_t{1} << 40;
 
+/// The most steps (global batches) in one command: 10,000, 2,500 times compare's default
+/// of 4 and far beyond a study's tens. Every step's batch is sampled and held before
+/// planning, so `--steps 100000000` took tens of GB and was killed for memory.
+inline constexpr int kMaxSteps = 10'000;
+
 /// The most GPUs (ranks) in a cluster: 65,536 = 2^16, 16 times the 4,096-GPU clusters
 /// bench_scale plans; ranks are `int` and per-rank tables are O(ranks) per micro-batch.
 inline constexpr int kMaxRanks = 65'536;

@@ -292,6 +292,12 @@ check "--version exits 0" test "$code" = 0
 check "--version prints the version" has "$work/out" "^ballast [0-9][0-9.]*$"
 "$ballast" list cost-models > "$work/out"
 check "list describes every cost model" bash -c "! grep -qE '^  [a-z0-9-]+ *$' '$work/out'"
+# --steps is limited (compare --steps 100000000 was killed for memory); small batches so
+# that an unlimited binary finishes quickly.
+tiny=(--nodes 1 --tokens-per-step 2048 --max-context 2048)
+expect_error "compare --steps over the limit" "--steps 10001 is over ballast's limit of 10,000 steps" compare --steps 10001 --strategies packed-dp "${tiny[@]}"
+expect_error "plan --steps over the limit" "--steps 10001 is over ballast's limit of 10,000 steps" plan --steps 10001 --strategy packed-dp "${tiny[@]}"
+expect_error "simulate --steps over the limit" "--steps 10001 is over ballast's limit of 10,000 steps" simulate --steps 10001 --strategy packed-dp "${tiny[@]}"
 expect_error "negative length" "negative.txt" compare --lengths "$work/negative.txt"
 expect_error "garbage length" "garbage.txt" compare --lengths "$work/garbage.txt"
 expect_error "zero length" "zero.txt" compare --lengths "$work/zero.txt"

@@ -106,5 +106,7 @@ run no-effect "" -np 2 "$ballast" run --model llama-7b
 rejected no-effect "--model has no effect on ballast run"
 run no-steps "" -np 2 "$ballast" run --steps 0
 rejected no-steps "--steps 0 must be at least 1"
+run many-steps "" -np 2 "$ballast" run --steps 10001
+rejected many-steps "--steps 10001 is over ballast's limit of 10,000 steps per command"
 
 finish fault

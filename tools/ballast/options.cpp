@@ -6,7 +6,9 @@
 #include <algorithm>
 
 #include "ballast/error.hpp"
+#include "ballast/limits.hpp"
 #include "ballast/strategy.hpp"
+#include "ballast/text.hpp"
 
 namespace ballast::cli {
 
@@ -25,7 +27,7 @@ void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
   command.add_option("--cost-model", flags.cost_model,
                      "analytical, a profiled preset (flexsp-a100-192k, flexsp-a100-384k) or a "
                      "JSON file [default: analytical]");
-  command.add_option("--steps", flags.steps, "number of global batches (steps) [default: compare 4; plan, simulate and run 1; a --scenario its own]");
+  command.add_option("--steps", flags.steps, "number of global batches (steps), at most 10,000 [default: compare 4; plan, simulate and run 1; a --scenario its own]");
   command.add_option("--seed", flags.seed, "sampler seed [default: 0]");
   command.add_option("--tokens-per-step", flags.tokens_per_step,
                      "token budget per global batch [default: 1048576]");
@@ -101,6 +103,14 @@ void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings) {
   if (flags.recompute) settings.recompute = parse_recompute(*flags.recompute, "--recompute");
   if (settings.nodes && *settings.nodes < 1) {
     throw InputError(fmt::format("--nodes {} must be at least 1", *settings.nodes));
+  }
+  // Before anything is sampled (every step's batch is held at once): `ballast run` checks
+  // here only; plan, simulate and compare again in resolve_inputs().
+  if (settings.steps > kMaxSteps) {
+    throw InputError(fmt::format("--steps {} is over ballast's limit of {} steps per command; "
+                                 "use at most {} (more batches: another run with a different "
+                                 "--seed)",
+                                 settings.steps, with_thousands(kMaxSteps), kMaxSteps));
   }
 }
 
