@@ -298,6 +298,12 @@ tiny=(--nodes 1 --tokens-per-step 2048 --max-context 2048)
 expect_error "compare --steps over the limit" "--steps 10001 is over ballast's limit of 10,000 steps" compare --steps 10001 --strategies packed-dp "${tiny[@]}"
 expect_error "plan --steps over the limit" "--steps 10001 is over ballast's limit of 10,000 steps" plan --steps 10001 --strategy packed-dp "${tiny[@]}"
 expect_error "simulate --steps over the limit" "--steps 10001 is over ballast's limit of 10,000 steps" simulate --steps 10001 --strategy packed-dp "${tiny[@]}"
+# --seed is a 64-bit unsigned integer: CLI11 clamped -1 and 2^64 to 2^64 - 1 silently.
+for seed in -1 18446744073709551616 99999999999999999999999 1e3; do
+  expect_error "--seed $seed" "--seed $seed: the seed must be an integer from 0 to 18446744073709551615" plan --seed "$seed" --strategy packed-dp "${tiny[@]}"
+done
+code=$(run "$work/seed-max.json" "$work/err" "$ballast" plan --seed 18446744073709551615 --strategy packed-dp "${tiny[@]}")
+check "--seed 2^64 - 1 exits 0" test "$code" = 0
 expect_error "negative length" "negative.txt" compare --lengths "$work/negative.txt"
 expect_error "garbage length" "garbage.txt" compare --lengths "$work/garbage.txt"
 expect_error "zero length" "zero.txt" compare --lengths "$work/zero.txt"

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <limits>
 
 #include "ballast/error.hpp"
 #include "ballast/limits.hpp"
@@ -11,6 +13,23 @@
 #include "ballast/text.hpp"
 
 namespace ballast::cli {
+
+namespace {
+
+/// --seed: a decimal integer in [0, 2^64 - 1], all of `text` (CLI11's own conversion
+/// clamped -1 and 2^64 to 2^64 - 1 in silence, so the run used another seed).
+std::uint64_t parse_seed(const std::string& text) {
+  std::uint64_t seed = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, seed);
+  if (text.empty() || error != std::errc() || stop != end) {
+    throw InputError(fmt::format("--seed {}: the seed must be an integer from 0 to {}; e.g. --seed 1",
+                                 text, std::numeric_limits<std::uint64_t>::max()));
+  }
+  return seed;
+}
+
+}  // namespace
 
 void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
   command.add_option("--dataset", flags.dataset,
@@ -28,7 +47,10 @@ void add_workload_flags(CLI::App& command, WorkloadFlags& flags) {
                      "analytical, a profiled preset (flexsp-a100-192k, flexsp-a100-384k) or a "
                      "JSON file [default: analytical]");
   command.add_option("--steps", flags.steps, "number of global batches (steps), at most 10,000 [default: compare 4; plan, simulate and run 1; a --scenario its own]");
-  command.add_option("--seed", flags.seed, "sampler seed [default: 0]");
+  command.add_option_function<std::string>(
+      "--seed", [&flags](const std::string& text) { flags.seed = parse_seed(text); },
+      "sampler seed, 0 to 2^64 - 1 [default: 0]")
+      ->type_name("UINT");
   command.add_option("--tokens-per-step", flags.tokens_per_step,
                      "token budget per global batch [default: 1048576]");
   command.add_option("--batch-size", flags.batch_size,
