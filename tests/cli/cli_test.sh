@@ -184,6 +184,7 @@ check "validate bad plan exits 1" test "$code" = 1
 check "validate names the violation" has "$work/invalid.txt" "invalid"
 code=$(run "$work/sim.txt" "$work/err" "$ballast" simulate --plan "$work/bad.json")
 check "simulate refuses an invalid plan" test "$code" = 2
+check "simulate names the invalid plan's file" has "$work/err" "plan $work/bad.json is invalid"
 
 code=$(run "$work/sim.txt" "$work/err" "$ballast" simulate --plan "$work/plan.json" --trace "$work/trace.json")
 check "simulate plan exits 0" test "$code" = 0
@@ -191,6 +192,38 @@ check "simulate prints step time" has "$work/sim.txt" "lower bound"
 check "simulate text points to the format flag" has "$work/sim.txt" "all ranks: --format csv or json"
 check "trace parses" json_ok "$work/trace.json"
 check "trace has events" has "$work/trace.json" "traceEvents"
+# simulate --plan with --cluster/--nodes/--model/--cost-model simulates the plan there (it
+# printed the plan's own h100 figures before) and says where; a plan that does not fit
+# fails validation naming the cluster; flags that sample or plan batches are refused.
+check "simulate --plan names the plan's cluster" has "$work/sim.txt" "on cluster h100 (1 nodes x 8"
+code=$(run "$work/sim-h100.json" "$work/err" "$ballast" simulate --plan "$work/plan.json" --format json)
+code=$(run "$work/sim-h200.txt" "$work/err" "$ballast" simulate --plan "$work/plan.json" --cluster h200 --nodes 1)
+check "simulate --plan --cluster h200 exits 0" test "$code" = 0
+check "simulate --plan --cluster names h200" has "$work/sim-h200.txt" "on cluster h200 (1 nodes x 8"
+check "simulate --plan --cluster names the model" has "$work/sim-h200.txt" "model llama-7b"
+code=$(run "$work/sim-a800.json" "$work/err" "$ballast" simulate --plan "$work/plan.json" --cluster a800-roce --nodes 1 --format json)
+check "simulate --plan --cluster a800-roce is slower than h100" /usr/bin/python3 - "$work/sim-h100.json" "$work/sim-a800.json" <<'PY'
+import json, sys
+h100, a800 = (json.load(open(p))["steps"][0]["step_time_s"] for p in sys.argv[1:3])
+assert a800 > 1.5 * h100, (h100, a800)  # the same plan on GPUs of a third the FLOP/s
+PY
+code=$(run "$work/sim-13b.txt" "$work/err" "$ballast" simulate --plan "$work/plan.json" --model llama-13b)
+check "simulate --plan --model exits 0 or 2" test "$code" = 0 -o "$code" = 2
+check "simulate --plan --model names llama-13b" bash -c "grep -q 'llama-13b' '$work/sim-13b.txt' '$work/err'"
+expect_plan_error() {  # expect_plan_error NAME TEXT args...: exit 2 and TEXT on stderr
+  local name="$1" text="$2"; shift 2
+  code=$(run "$work/out" "$work/err" "$ballast" "$@")
+  check "$name exits 2" test "$code" = 2
+  check "$name message" has "$work/err" "$text"
+}
+expect_plan_error "simulate --plan on more GPUs" "is for 8 GPUs; cluster h200 has 64" \
+  simulate --plan "$work/plan.json" --cluster h200
+expect_plan_error "simulate --plan where it does not fit" "does not fit cluster a100-ib400" \
+  simulate --plan "$work/plan.json" --cluster a100-ib400 --nodes 1 --model llama-13b
+for flag in "--steps 2" "--dataset prolong" "--seed 3" "--tokens-per-step 1000" "--degree 2" "--no-routing" "--tp 2"; do
+  expect_plan_error "simulate --plan refuses ${flag%% *}" "so ${flag%% *} would not apply" \
+    simulate --plan "$work/plan.json" $flag
+done
 # 8 H100s hold LLaMA-7B rings of 113,744 tokens at most: a 64K context (the default 128K
 # is an error for static-cp on one node).
 code=$(run "$work/sim.json" "$work/err" "$ballast" simulate --strategy static-cp --nodes 1 --tokens-per-step 200000 --max-context 65536 --steps 2 --format json)

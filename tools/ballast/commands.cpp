@@ -19,6 +19,7 @@
 #include "ballast/json_file.hpp"
 #include "ballast/report.hpp"
 #include "ballast/simulator.hpp"
+#include "ballast/tensor_parallel.hpp"
 #include "ballast/text.hpp"
 #include "plot.hpp"
 
@@ -181,6 +182,84 @@ std::unique_ptr<CostModel> cost_model_of(const Plan& plan) {
   return make_cost_model(plan.cost_model, plan.cluster, plan.model);
 }
 
+/// simulate --plan: the workload flags given that choose, sample or plan the batches. The
+/// file's plans fix all of that (their sequence lengths, steps, strategy and TP degree), so
+/// these would not apply.
+std::vector<std::string> plan_fixed_flags_given(const WorkloadFlags& flags) {
+  const std::pair<bool, const char*> fixed[] = {
+      {flags.dataset.has_value(), "--dataset"},
+      {flags.lengths_file.has_value(), "--lengths"},
+      {flags.steps.has_value(), "--steps"},
+      {flags.seed.has_value(), "--seed"},
+      {flags.tokens_per_step.has_value(), "--tokens-per-step"},
+      {flags.batch_size.has_value(), "--batch-size"},
+      {flags.max_context.has_value(), "--max-context"},
+      {flags.over_context.has_value(), "--over-context"},
+      {flags.sampling.has_value(), "--sampling"},
+      {flags.degree.has_value(), "--degree"},
+      {flags.tp.has_value(), "--tp"},
+      {flags.no_routing, "--no-routing"},
+      {flags.no_remap, "--no-remap"},
+      {flags.even_split, "--even-split"}};
+  std::vector<std::string> given;
+  for (const auto& [is_given, flag] : fixed) {
+    if (is_given) given.emplace_back(flag);
+  }
+  return given;
+}
+
+/// simulate --plan with --cluster, --nodes, --model, --cost-model or --recompute: the cost
+/// model of that cluster and model (what a flag does not give stays the first plan's own,
+/// and the plans' TP degree is kept), every plan moved onto it; nullptr when none of them
+/// is given (each plan keeps its own). Throws InputError when the cluster has another
+/// number of ranks than a plan: a plan's groups name ranks, so it cannot be moved then.
+std::unique_ptr<CostModel> move_plans(const WorkloadFlags& flags, const std::string& path,
+                                      std::vector<Plan>& plans) {
+  if (!flags.cluster && !flags.nodes && !flags.model && !flags.cost_model && !flags.recompute) {
+    return nullptr;
+  }
+  const Plan& first = plans.front();
+  const int tensor_parallel = first.cluster.tensor_parallel.gpus;
+  Model model = flags.model ? load_model(*flags.model) : first.model;
+  if (flags.recompute) model.recompute = parse_recompute(*flags.recompute, "--recompute");
+  if (flags.nodes && *flags.nodes < 1) {
+    throw InputError(fmt::format("--nodes {} must be at least 1", *flags.nodes));
+  }
+  Cluster cluster = first.cluster;
+  if (flags.cluster) {
+    cluster = tensor_parallel_units(load_cluster(*flags.cluster, flags.nodes), model, tensor_parallel);
+  } else if (flags.nodes) {
+    cluster.nodes = *flags.nodes;
+    validate_cluster(cluster, fmt::format("the cluster of {} with --nodes {}", path, *flags.nodes));
+  }
+  const nlohmann::json spec = flags.cost_model ? load_cost_model_spec(*flags.cost_model) : first.cost_model;
+  auto cost = make_cost_model(spec, cluster, model);
+  cost->token_capacity_per_rank();  // fails early, naming model and cluster
+  const Cluster& target = cost->cluster();
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    Plan& plan = plans[i];
+    if (plan.cluster.ranks() != target.ranks()) {
+      const std::string source = plans.size() == 1 ? path : fmt::format("{}[{}]", path, i);
+      const std::string unit =
+          tensor_parallel > 1 ? fmt::format("ranks (TP groups of {} GPUs)", tensor_parallel) : "GPUs";
+      const int ranks_per_node = target.gpus_per_node;
+      const std::string fix = plan.cluster.ranks() % ranks_per_node == 0
+                                  ? fmt::format("give --nodes {}, or plan again on that cluster "
+                                                "with `ballast plan`",
+                                                plan.cluster.ranks() / ranks_per_node)
+                                  : "plan again on that cluster with `ballast plan`";
+      throw InputError(fmt::format("--plan {} is for {} {}; cluster {} has {} ({} nodes x {}), and "
+                                   "a plan's groups name their ranks: {}",
+                                   source, plan.cluster.ranks(), unit, target.name, target.ranks(),
+                                   target.nodes, ranks_per_node, fix));
+    }
+    plan.cluster = target;
+    plan.model = cost->model();
+    plan.cost_model = cost->spec();
+  }
+  return cost;
+}
+
 }  // namespace
 
 int run_list(const std::string& what, std::ostream& out) {
@@ -290,7 +369,33 @@ int run_simulate(const SimulateArgs& args) {
       throw InputError("--scenario chooses the workload of --strategy; a --plan file carries its "
                        "own, so give one of them");
     }
+    const std::vector<std::string> fixed = plan_fixed_flags_given(args.workload);
+    if (!fixed.empty()) {
+      throw InputError(fmt::format("--plan {}: the file's plans fix the batches (their sequence "
+                                   "lengths and steps), the strategy and the TP degree, so {} "
+                                   "would not apply; drop {} or plan again with `ballast plan`",
+                                   args.plan_path, fmt::join(fixed, ", "),
+                                   fixed.size() == 1 ? "it" : "them"));
+    }
     plans = read_plan_file(args.plan_path);  // each plan carries its own cost model
+    const auto source = [&](std::size_t i) {
+      return plans.size() == 1 ? args.plan_path : fmt::format("{}[{}]", args.plan_path, i);
+    };
+    // Validated here, not only in simulate() (which calls every plan "plan"), to name the
+    // file: first as planned, then on the cluster and model the flags move it to.
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      require_valid(plans[i], *cost_model_of(plans[i]), source(i));
+    }
+    cost = move_plans(args.workload, args.plan_path, plans);
+    for (std::size_t i = 0; cost && i < plans.size(); ++i) {
+      const ValidationResult result = validate(plans[i], *cost);
+      if (result.ok) continue;
+      throw InputError(fmt::format("plan {} does not fit cluster {}, model {}: {}; simulate it "
+                                   "on the cluster and model it was planned for, or plan again "
+                                   "on these with `ballast plan`",
+                                   source(i), describe_cluster(plans[i].cluster),
+                                   plans[i].model.name, result.message));
+    }
   } else {
     const std::string strategy = args.strategy.empty() ? std::string(kDefaultStrategy) : args.strategy;
     const RunSettings settings = settings_from(args.workload, args.scenario, 1);
@@ -315,6 +420,11 @@ int run_simulate(const SimulateArgs& args) {
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
   nlohmann::ordered_json timeline;  // --plot: the first step's
   if (format == Format::csv) write_report_csv_header(out);
+  if (format == Format::text) {  // where it ran: a --plan's own cluster, or --cluster's
+    fmt::print(out, "{}simulated on cluster {}, model {}\n",
+               args.plan_path.empty() ? "" : fmt::format("plan {} ", args.plan_path),
+               describe_cluster(plans.front().cluster), plans.front().model.name);
+  }
   for (std::size_t i = 0; i < plans.size(); ++i) {
     progress.show(fmt::format("simulating step {}/{}", i + 1, plans.size()));
     const auto plan_cost = cost ? nullptr : cost_model_of(plans[i]);
