@@ -31,9 +31,11 @@ struct NcclTestsRow {
 ///   file name), the GPU and host counts from the "#  Rank  N Group ... on <host> ..."
 ///   lines, the size and the out-of-place time from the columns the "#  size  count  type
 ///   ... time  algbw  busbw ..." header names. Several runs in one file are read in turn.
-/// Lines starting with '#' that are none of these, and lines that do not start with a
-/// number (NCCL INFO, warnings), are skipped. Throws InputError naming the file and the
-/// line and what was expected.
+/// Lines starting with '#' that are none of these, and lines that neither start with a
+/// number nor have a result row's columns (NCCL INFO, warnings), are skipped. Throws
+/// InputError naming the file and the line and what was expected, also for a row whose
+/// size is over 2^40 bytes or whose time is over an hour, and for a file that is not text
+/// (a control character other than whitespace; its bytes are not echoed).
 std::vector<NcclTestsRow> read_nccl_tests_file(const std::string& path);
 /// The same from text already read; `path` names it in messages and, for text output
 /// without a "Collective test starting" line, gives the op.

@@ -3,6 +3,7 @@
 #include "ballast/nccl_tests.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <filesystem>
 #include <optional>
@@ -14,12 +15,22 @@
 
 #include "ballast/error.hpp"
 #include "ballast/json_file.hpp"
+#include "ballast/limits.hpp"
 
 namespace ballast {
 
 namespace {
 
 constexpr Seconds kMicrosecond = 1e-6;
+/// The longest time a row may give: an hour (nccl-tests' slowest rows, 8 GiB over a
+/// 10 Gb/s Ethernet link, take seconds); a larger one is a typo or a unit mix-up, and
+/// 1e308 printed a 300-digit row.
+constexpr double kMaxRowTimeUs = 3.6e9;
+/// The largest message a row may give: 2^40 bytes (1 TiB), more than any GPU holds
+/// (nccl-tests' -e is bounded by device memory).
+constexpr Bytes kMaxRowSizeBytes = Bytes{1} << 40;
+/// How much of an offending field a message shows.
+constexpr std::size_t kExcerptChars = 40;
 
 std::vector<std::string_view> split_whitespace(std::string_view line) {
   std::vector<std::string_view> tokens;
@@ -64,6 +75,34 @@ bool starts_with_digit(std::string_view token) {
   return !token.empty() && token.front() >= '0' && token.front() <= '9';
 }
 
+/// The offending text as it goes into a one-line message: short, printable.
+std::string excerpt(std::string_view text) {
+  std::string shown;
+  for (char c : text.substr(0, kExcerptChars)) {
+    shown += std::isprint(static_cast<unsigned char>(c)) != 0 ? c : '?';
+  }
+  if (text.size() > kExcerptChars) shown += "...";
+  return shown;
+}
+
+/// Throws InputError when `text` is not text: a NUL or another control character than
+/// tab, line feed, carriage return, vertical tab and form feed (an executable, an archive,
+/// a core file given by mistake). Its bytes are not echoed.
+void require_text(const std::string& text, const std::string& path) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if ((byte < 0x20 && byte != '\t' && byte != '\n' && byte != '\r' && byte != '\v' &&
+         byte != '\f') ||
+        byte == 0x7f) {
+      throw InputError(fmt::format(
+          "{}: not a text file (byte {} is the control character 0x{:02x}); give nccl-tests' "
+          "text output (all_reduce_perf ... > ar.txt) or a CSV with the columns op, ngpu, "
+          "size_bytes, t_us_out",
+          path, i + 1, byte));
+    }
+  }
+}
+
 /// The lines of `text` with their 1-based numbers.
 template <typename Visit>
 void for_each_line(const std::string& text, Visit visit) {
@@ -79,7 +118,12 @@ void for_each_line(const std::string& text, Visit visit) {
 
 Seconds checked_time(double time_us, std::string_view token, const std::string& where) {
   if (!(time_us > 0)) {
-    throw InputError(fmt::format("{}: the time must be > 0 us, got '{}'", where, token));
+    throw InputError(fmt::format("{}: the time must be > 0 us, got '{}'", where, excerpt(token)));
+  }
+  if (!(time_us <= kMaxRowTimeUs)) {
+    throw InputError(fmt::format("{}: the time must be at most {:.0f} us (an hour), got '{}'; "
+                                 "give nccl-tests' time column in us",
+                                 where, kMaxRowTimeUs, excerpt(token)));
   }
   return time_us * kMicrosecond;
 }
@@ -109,7 +153,7 @@ std::vector<NcclTestsRow> parse_csv(const std::string& text, const std::string& 
         throw InputError(fmt::format(
             "{}: expected a CSV header naming the columns op, ngpu, size_bytes and t_us_out "
             "(as in data/profiles/h200_8gpu_nccl_tests.csv), got '{}'",
-            where, line));
+            where, excerpt(line)));
       }
       return;
     }
@@ -123,21 +167,22 @@ std::vector<NcclTestsRow> parse_csv(const std::string& text, const std::string& 
     const auto size = parse_number<Bytes>(fields[size_column]);
     const auto time_us = parse_number<double>(fields[time_column]);
     const auto hosts = hosts_column < 0 ? std::optional<int>(1) : parse_number<int>(fields[hosts_column]);
-    if (!gpus || *gpus < 1) {
-      throw InputError(fmt::format("{}: column 'ngpu' must be a GPU count >= 1, got '{}'", where,
-                                   fields[gpus_column]));
+    if (!gpus || *gpus < 1 || *gpus > kMaxRanks) {
+      throw InputError(fmt::format("{}: column 'ngpu' must be a GPU count from 1 to {}, got '{}'",
+                                   where, kMaxRanks, excerpt(fields[gpus_column])));
     }
-    if (!size || *size <= 0) {
-      throw InputError(fmt::format("{}: column 'size_bytes' must be a byte count > 0, got '{}'",
-                                   where, fields[size_column]));
+    if (!size || *size <= 0 || *size > kMaxRowSizeBytes) {
+      throw InputError(fmt::format("{}: column 'size_bytes' must be a byte count from 1 to {} "
+                                   "(1 TiB), got '{}'",
+                                   where, kMaxRowSizeBytes, excerpt(fields[size_column])));
     }
     if (!time_us) {
       throw InputError(fmt::format("{}: column 't_us_out' must be a time in us, got '{}'", where,
-                                   fields[time_column]));
+                                   excerpt(fields[time_column])));
     }
     if (!hosts || *hosts < 1 || *hosts > *gpus) {
       throw InputError(fmt::format("{}: column 'hosts' must be in [1, ngpu], got '{}'", where,
-                                   fields[hosts_column]));
+                                   excerpt(fields[hosts_column])));
     }
     row.gpus = *gpus;
     row.hosts = *hosts;
@@ -172,6 +217,7 @@ struct TextRun {
   std::vector<std::string_view> header;  ///< tokens after '#'; empty: not seen yet
   int size_column = -1;
   int time_column = -1;  ///< the first "time": out-of-place
+  int count_column = -1;  ///< "count" (elements); -1: not in the header
 };
 
 void read_rank_line(const std::vector<std::string_view>& tokens, TextRun& run,
@@ -195,8 +241,24 @@ void read_header_line(const std::vector<std::string_view>& tokens, TextRun& run)
   run.header = tokens;
   const auto size = std::find(tokens.begin(), tokens.end(), "size");
   const auto time = std::find(tokens.begin(), tokens.end(), "time");
+  const auto count = std::find(tokens.begin(), tokens.end(), "count");
   run.size_column = static_cast<int>(size - tokens.begin());
   run.time_column = static_cast<int>(time - tokens.begin());
+  run.count_column = count == tokens.end() ? -1 : static_cast<int>(count - tokens.begin());
+}
+
+/// Whether a line whose first token is no byte count ("abc", or one that overflows) is
+/// still a result row, to be reported rather than skipped: after a column header, as many
+/// columns as it names (or up to two fewer, as some versions print for alltoall and
+/// sendrecv) and a number where it names the element count (or, without one, the time).
+/// NCCL INFO lines ("host:pid:tid [0] NCCL INFO ...") and banners fail the last test.
+bool looks_like_result_row(const std::vector<std::string_view>& tokens, const TextRun& run) {
+  const std::size_t columns = run.header.size();
+  if (columns == 0 || tokens.size() > columns || tokens.size() + 2 < columns) return false;
+  const int missing = static_cast<int>(columns - tokens.size());
+  const int column = run.count_column > run.size_column ? run.count_column : run.time_column - missing;
+  if (column <= 0 || column >= static_cast<int>(tokens.size())) return false;
+  return parse_number<double>(tokens[column]).has_value();
 }
 
 NcclTestsRow read_result_line(const std::vector<std::string_view>& tokens, const TextRun& run,
@@ -228,12 +290,16 @@ NcclTestsRow read_result_line(const std::vector<std::string_view>& tokens, const
   const auto time_us = parse_number<double>(tokens[time_column]);
   if (!size || *size <= 0) {
     throw InputError(fmt::format("{}: expected the size in bytes in column {} ('size'), got '{}'",
-                                 where, run.size_column + 1, tokens[run.size_column]));
+                                 where, run.size_column + 1, excerpt(tokens[run.size_column])));
+  }
+  if (*size > kMaxRowSizeBytes) {
+    throw InputError(fmt::format("{}: the size must be at most {} bytes (1 TiB), got '{}'", where,
+                                 kMaxRowSizeBytes, excerpt(tokens[run.size_column])));
   }
   if (!time_us) {
     throw InputError(fmt::format("{}: expected the out-of-place time in us in column {} "
                                  "('time'), got '{}'",
-                                 where, time_column + 1, tokens[time_column]));
+                                 where, time_column + 1, excerpt(tokens[time_column])));
   }
   NcclTestsRow row;
   row.op = *run.op;
@@ -284,7 +350,10 @@ std::vector<NcclTestsRow> parse_text_output(const std::string& text, const std::
       return;
     }
     const auto tokens = split_whitespace(line);
-    if (!parse_number<Bytes>(tokens.front())) return;  // NCCL INFO, warnings, banners
+    if (tokens.empty()) return;  // a line of carriage returns
+    if (!parse_number<Bytes>(tokens.front()) && !looks_like_result_row(tokens, run)) {
+      return;  // NCCL INFO, warnings, banners
+    }
     rows.push_back(read_result_line(tokens, run, where));
   });
   return rows;
@@ -305,6 +374,7 @@ bool looks_like_csv(const std::string& text) {
 }  // namespace
 
 std::vector<NcclTestsRow> parse_nccl_tests_text(const std::string& text, const std::string& path) {
+  require_text(text, path);
   std::vector<NcclTestsRow> rows =
       looks_like_csv(text) ? parse_csv(text, path) : parse_text_output(text, path);
   if (rows.empty()) {

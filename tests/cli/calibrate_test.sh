@@ -89,6 +89,28 @@ expect_error "bad time" "all_reduce_perf_bad.txt:20: expected the out-of-place t
   calibrate --nccl-tests "$work/all_reduce_perf_bad.txt" -o "$work/never.json"
 check "failed calibrate writes nothing" test ! -e "$work/never.json"
 expect_error "missing file" "nosuch.txt" calibrate --nccl-tests nosuch.txt
+# A result row whose size is not a number, or overflows, is an error, not a skipped line
+# (both exited 0 with the row left out); so are implausible sizes and times (a time of
+# 1e308 us printed a 300-digit row).
+sed 's/^     8388608 /         abc /' tests/cost/data/all_reduce_perf_8gpu.txt > "$work/all_reduce_perf_abc.txt"
+expect_error "size abc" "all_reduce_perf_abc.txt:20: expected the size in bytes in column 1 ('size'), got 'abc'" \
+  calibrate --nccl-tests "$work/all_reduce_perf_abc.txt"
+sed 's/^     8388608 /99999999999999999999 /' tests/cost/data/all_reduce_perf_8gpu.txt > "$work/all_reduce_perf_huge.txt"
+expect_error "size overflowing" "all_reduce_perf_huge.txt:20: expected the size in bytes in column 1 ('size'), got '99999999999999999999'" \
+  calibrate --nccl-tests "$work/all_reduce_perf_huge.txt"
+sed 's/   90.77 /   1e308 /' tests/cost/data/all_reduce_perf_8gpu.txt > "$work/all_reduce_perf_slow.txt"
+expect_error "time 1e308" "all_reduce_perf_slow.txt:20: the time must be at most 3600000000 us (an hour), got '1e308'" \
+  calibrate --nccl-tests "$work/all_reduce_perf_slow.txt"
+printf 'op,ngpu,size_bytes,t_us_out\nall_reduce,8,1024,1e308\nall_reduce,8,2048,12\nall_reduce,8,4096,15\n' > "$work/slow.csv"
+expect_error "csv time 1e308" "slow.csv:2: the time must be at most 3600000000 us (an hour), got '1e308'" \
+  calibrate --nccl-tests "$work/slow.csv"
+printf 'op,ngpu,size_bytes,t_us_out\nall_reduce,8,2048,12\nall_reduce,8,4096,15\nall_reduce,8,9223372036854775807,1000000\n' > "$work/big.csv"
+expect_error "csv size over 2^40" "big.csv:4: column 'size_bytes' must be a byte count from 1 to 1099511627776" \
+  calibrate --nccl-tests "$work/big.csv"
+# A binary file is named as one; its bytes are not echoed.
+printf '\177ELF\002\001,\001\000\000\377\376\n12 \033[31m\n' > "$work/binary.dat"
+expect_error "binary file" "binary.dat: not a text file" calibrate --nccl-tests "$work/binary.dat"
+check "binary file: no raw bytes echoed" bash -c "! LC_ALL=C grep -q '[^[:print:][:space:]]' '$work/err'"
 printf 'op,ngpu,size_bytes,t_us_out\nallreduce,8,1024,10\n' > "$work/bad.csv"
 expect_error "bad csv op" "bad.csv:2: column 'op': unknown collective 'allreduce' (did you mean 'all_reduce'?)" \
   calibrate --nccl-tests "$work/bad.csv"
