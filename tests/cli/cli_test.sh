@@ -25,6 +25,16 @@ for word in wlbllm prolong wikipedia magi a100-ib400 a800-roce h100 h200 h800 gp
   check "list shows $word" has "$work/list" "$word"
 done
 
+# `ballast run --help` lists only what run takes: not the workload flags it rejects
+# (--nodes, --model, --cost-model), and --cluster as the host calibration it reads.
+code=$(run "$work/help" "$work/err" "$ballast" run --help)
+check "help run exits 0" test "$code" = 0
+for flag in --nodes --model --cost-model; do
+  check "help run hides $flag" bash -c "! grep -q -- '$flag\b' '$work/help'"
+done
+check "help run: --cluster is the host calibration" has "$work/help" "calibrate --host"
+check "help run: --cluster has no preset default" bash -c "! grep -q 'default: h100' '$work/help'"
+
 # --- compare on defaults (the README's main command) ---
 code=$(run "$work/compare.txt" "$work/err" "$ballast" compare --steps 1)
 check "compare exits 0" test "$code" = 0

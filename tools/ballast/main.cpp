@@ -115,6 +115,12 @@ int run(int argc, char** argv) {
       "run", "train the runtime's model over MPI on a plan's placement (launch under mpirun -np N)");
   add_workload_flags(*run_command, run_args.workload);
   add_output_flags(*run_command, run_args.output, false);
+  // run plans for the job it runs in: these are rejected, each with the reason
+  // (run_command.cpp, kIgnoredFlags), so its help leaves them out (group "": hidden).
+  for (const char* flag : {"--nodes", "--model", "--cost-model"}) run_command->get_option(flag)->group("");
+  run_command->get_option("--cluster")->description(
+      "this host's calibration: a cluster JSON written by `mpirun -np N ballast calibrate "
+      "--host -o FILE` for this job [default: the cached one, measured when missing]");
   run_command->add_option("--strategy", run_args.options.strategy,
                           "strategy spec to plan each step with, or several (comma-separated): each "
                           "runs the same batches, and the report ranks them measured vs predicted "
@@ -231,7 +237,10 @@ int run(int argc, char** argv) {
   if (simulate->parsed()) return run_simulate(simulate_args);
   if (run_command->parsed()) {
     for (const CLI::Option* option : run_command->get_options()) {
-      if (option->count() > 0) run_args.flags_given.push_back(option->get_name());
+      // By its long name: get_name() is "" for the options hidden from the help above.
+      if (option->count() > 0 && !option->get_lnames().empty()) {
+        run_args.flags_given.push_back("--" + option->get_lnames().front());
+      }
     }
     return run_run(run_args);
   }
