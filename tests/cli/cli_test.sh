@@ -24,6 +24,13 @@ for word in wlbllm prolong wikipedia magi a100-ib400 a800-roce h100 h200 h800 gp
             packed-dp static-cp static-cp-allgather static-ulysses batch-adaptive hybrid-dp default; do
   check "list shows $word" has "$work/list" "$word"
 done
+# Bare `ballast list` is a short index (names only, ~2 KB); `ballast list SECTION` has the
+# details (it printed every description, ~22 KB, before).
+check "bare list is short" test "$(wc -c < "$work/list")" -lt 4096
+check "bare list points to the details" has "$work/list" "ballast list scenarios"
+check "bare list has no descriptions" bash -c "! grep -q 'Zeppelin' '$work/list'"
+code=$(run "$work/list-all" "$work/err" "$ballast" list all)
+check "list all keeps the details" has "$work/list-all" "Zeppelin"
 
 # `ballast run --help` lists only what run takes: not the workload flags it rejects
 # (--nodes, --model, --cost-model), and --cluster as the host calibration it reads.

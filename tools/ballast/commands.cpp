@@ -262,8 +262,45 @@ std::unique_ptr<CostModel> move_plans(const WorkloadFlags& flags, const std::str
 
 }  // namespace
 
+namespace {
+
+/// The columns a line of the short list fills before it wraps.
+constexpr std::size_t kListLineChars = 96;
+
+/// Bare `ballast list`: the names of each section, wrapped under its title, and where the
+/// details are (every description took ~22 KB).
+void write_list_index(std::ostream& out) {
+  std::vector<std::string> names;
+  for (const ListSection& section : list_sections()) {
+    names.push_back(section.name);
+    std::string line = fmt::format("{:<13}", section.name + ":");
+    const std::string indent(line.size(), ' ');
+    bool first = true;
+    for (const auto& [name, description] : section.rows()) {
+      if (name.empty() || name.front() == ' ') continue;  // a strategy's ":key=" row
+      const std::string item = first ? name : ", " + name;
+      if (line.size() + item.size() > kListLineChars && !first) {
+        fmt::print(out, "{},\n", line);
+        line = indent + name;
+      } else {
+        line += item;
+      }
+      first = false;
+    }
+    fmt::print(out, "{}\n", line);
+  }
+  fmt::print(out, "descriptions: ballast list {}|all (e.g. ballast list scenarios)\n",
+             fmt::join(names, "|"));
+}
+
+}  // namespace
+
 int run_list(const std::string& what, std::ostream& out) {
-  const bool all = what.empty() || what == "all";
+  if (what.empty()) {
+    write_list_index(out);
+    return 0;
+  }
+  const bool all = what == "all";
   bool known = all;
   for (const ListSection& section : list_sections()) {
     if (!all && what != section.name) continue;

@@ -24,7 +24,7 @@ constexpr const char* kMainFooter = R"(examples:
   ballast validate plan.json                        # check a plan's invariants
   ballast simulate --plan plan.json --trace t.json  # predict its timeline (open t.json in ui.perfetto.dev)
   ballast simulate --strategy zeppelin --plot t.svg # draw it: one row per rank (needs matplotlib)
-  ballast list                                      # datasets, clusters, models, strategies, scenarios
+  ballast list                                      # names of datasets, clusters, models, strategies, scenarios
   ballast calibrate --nccl-tests ar.txt --cluster h200 -o my.json  # fit a cluster to nccl-tests output
 exit codes: 0 ok, 1 invalid plan, 2 bad input or usage, 3 internal error)";
 
@@ -69,8 +69,10 @@ int run(int argc, char** argv) {
 
   std::string list_what;
   auto* list = app.add_subcommand("list", "list datasets, clusters, models, strategies, cost-models, scenarios");
-  list->add_option("what", list_what, "datasets|clusters|models|strategies|cost-models|scenarios (default: all)");
-  list->footer("examples:\n  ballast list\n  ballast list strategies");
+  list->add_option("what", list_what,
+                   "datasets|clusters|models|strategies|cost-models|scenarios, with descriptions, "
+                   "or all of them (default: the names of each, one short list)");
+  list->footer("examples:\n  ballast list\n  ballast list strategies\n  ballast list all");
 
   PlanArgs plan_args;
   auto* plan = app.add_subcommand("plan", "plan global batches with one strategy; writes the plan JSON");
