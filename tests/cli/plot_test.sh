@@ -28,6 +28,15 @@ check "missing python names the package" has "$work/err" "ballast compare --plot
 check "missing python says how to install" has "$work/err" "sudo apt-get install python3-matplotlib"
 check "a refused --plot leaves no file behind" test ! -e "$work/x.svg"
 
+# A BALLAST_PYTHON that runs but fails (here /bin/false) is a usage error naming it, not
+# an internal error.
+code=$(BALLAST_PYTHON=/bin/false run "$work/out" "$work/err" "$ballast" compare "${small[@]}" --plot "$work/x.svg")
+check "failing BALLAST_PYTHON exits 2" test "$code" = 2
+check "failing BALLAST_PYTHON is named" has "$work/err" "BALLAST_PYTHON=/bin/false"
+check "failing BALLAST_PYTHON is no internal error" bash -c "! grep -q 'internal error' '$work/err'"
+code=$(BALLAST_PYTHON="$work/no-such-python3" run "$work/out" "$work/err" "$ballast" simulate --strategy zeppelin --plot "$work/x.svg")
+check "missing BALLAST_PYTHON is named" has "$work/err" "BALLAST_PYTHON=$work/no-such-python3"
+
 # A Python without site-packages cannot import matplotlib, installed or not.
 printf '#!/bin/sh\nexec /usr/bin/python3 -S "$@"\n' > "$work/python-without-site"
 chmod +x "$work/python-without-site"

@@ -107,6 +107,28 @@ std::string plot_python() {
   return "/usr/bin/python3";
 }
 
+namespace {
+
+bool python_from_environment() {
+  const char* from_environment = std::getenv("BALLAST_PYTHON");
+  return from_environment != nullptr && from_environment[0] != '\0';
+}
+
+/// How messages name the Python: "BALLAST_PYTHON=PATH" when the environment chose it (the
+/// setting to fix), else the default's path.
+std::string python_named() {
+  return python_from_environment() ? "BALLAST_PYTHON=" + plot_python() : plot_python();
+}
+
+/// What to do about a Python that cannot run plot.py.
+std::string python_fix() {
+  return python_from_environment()
+             ? "set BALLAST_PYTHON to a python3 with matplotlib, or unset it for /usr/bin/python3"
+             : "set BALLAST_PYTHON to a python3 with matplotlib";
+}
+
+}  // namespace
+
 void check_plot_target(const std::string& command, const std::string& path) {
   const std::string extension = lower_extension(path);
   if (extension != ".svg" && extension != ".png") {
@@ -126,16 +148,17 @@ void check_plot_target(const std::string& command, const std::string& path) {
   const int code = run_process({python, plot_script(), "check"});
   if (code == kExitCannotRun) {
     throw InputError(fmt::format("ballast {} --plot needs python3 with matplotlib ({} cannot "
-                                 "run): sudo apt-get install python3-matplotlib",
-                                 command, python));
+                                 "run): sudo apt-get install python3-matplotlib, or {}",
+                                 command, python_named(), python_fix()));
   }
   if (code == kPlotExitNoMatplotlib) {
     throw InputError(fmt::format("ballast {} --plot needs matplotlib ({} cannot import it): "
                                  "sudo apt-get install python3-matplotlib",
-                                 command, python));
+                                 command, python_named()));
   }
-  if (code != 0) {
-    throw std::runtime_error(fmt::format("{} {} check exited with {}", python, plot_script(), code));
+  if (code != 0) {  // a Python that runs but fails (BALLAST_PYTHON=/bin/false): a setting
+    throw InputError(fmt::format("ballast {} --plot: {} failed to run {} check (exit code {}); {}",
+                                 command, python_named(), plot_script(), code, python_fix()));
   }
 }
 
@@ -148,7 +171,11 @@ void draw_plot(const std::string& kind, const nlohmann::ordered_json& input,
     if (!out) throw InputError(fmt::format("--plot: cannot write {}", json_file.path()));
   }
   const int code = run_process({plot_python(), plot_script(), kind, json_file.path(), path});
-  if (code != 0) {
+  if (code != 0 && python_from_environment()) {  // passed the check, then failed
+    throw InputError(fmt::format("--plot {}: {} failed to run {} {} (exit code {}); {}", path,
+                                 python_named(), plot_script(), kind, code, python_fix()));
+  }
+  if (code != 0) {  // the default Python passed the check: plot.py failed on ballast's input
     throw std::runtime_error(
         fmt::format("{} {} {} exited with {}", plot_python(), plot_script(), kind, code));
   }
