@@ -189,6 +189,27 @@ std::unique_ptr<CostModel> prediction_cost(const Plan& plan, const RunOptions& o
                          tensor_parallel_units(cluster, model, tensor_parallel), model);
 }
 
+/// The plan as the simulator prices it on this host: its cluster, model and cost model
+/// replaced by prediction_cost's (the host calibration in the plan's node shape and
+/// memory, the runtime's model). Sampled plans were made on these and stay the same; a
+/// plan file made on another cluster (`ballast plan`'s h100, say) with the job's rank
+/// count is priced on the host, once it is valid there. Throws InputError naming `source`,
+/// the host calibration and what does not fit.
+Plan priced_on_host(const Plan& plan, const CostModel& cost, const std::string& host_name,
+                    const std::string& source) {
+  Plan priced = plan;
+  priced.cluster = cost.cluster();
+  priced.model = cost.model();
+  priced.cost_model = cost.spec();
+  const ValidationResult fits = validate(priced, cost);
+  if (!fits.ok) {
+    throw InputError(fmt::format("{} does not fit the host calibration {} in the plan's shape ({}) with the "
+                                 "runtime's model: {}; run without --plan to plan on this host",
+                                 source, host_name, describe_cluster(priced.cluster), fits.message));
+  }
+  return priced;
+}
+
 double relative_error(double predicted, double measured) {
   return measured > 0 ? predicted / measured - 1.0 : 0.0;
 }
@@ -208,6 +229,11 @@ PredictionSummary summarise_prediction(std::span<const StepReport> steps) {
   PredictionSummary summary;
   std::vector<double> busy, busy_magnitude, step, step_magnitude;
   for (const StepReport& report : steps) {
+    if (report.predicted_busy_s.empty()) {  // no prediction: nothing to compare
+      if (summary.note.empty()) summary.note = report.prediction_note;
+      continue;
+    }
+    ++summary.predicted_steps;
     double measured_busiest = 0, predicted_busiest = 0;
     for (std::size_t r = 0; r < report.ranks.size() && r < report.predicted_busy_s.size(); ++r) {
       const double error = relative_error(report.predicted_busy_s[r], report.ranks[r].busy_s);
@@ -369,8 +395,12 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
       SimulationOptions simulation;
       simulation.gradient_sync = GradientSync::end;  // one all-reduce after the last backward
       simulation.record_trace = step_options.record_trace;
+      const std::string source =
+          options.plan_path.empty() ? fmt::format("step {} planned by {}", s, options.strategy)
+          : plans.size() == 1       ? fmt::format("plan {}", options.plan_path)
+                                    : fmt::format("plan {}[{}]", options.plan_path, s);
       try {
-        SimulationReport predicted = simulate(plan, *cost, simulation);
+        SimulationReport predicted = simulate(priced_on_host(plan, *cost, options.host.name, source), *cost, simulation);
         step.predicted_step_s = predicted.step_time_s;
         // The simulator's rank is a TP group: each of its GPUs (MPI ranks) is predicted
         // to be busy and to run events as the group.

@@ -85,6 +85,46 @@ plan long.json "$work/model.json" "$work/long.txt" 2
 run plan-good "" -np 2 "$ballast" run --plan "$work/good.json"
 check "a matching plan runs" test "$code" = 0
 check "a matching plan reports its step" has "$work/plan-good.out" "step 0:"
+# A plan made by `ballast plan` on another cluster with the job's rank count is priced on
+# the host calibration (its own cluster's constants are not this host's): a prediction.
+run plan-good-json "" -np 2 "$ballast" run --plan "$work/good.json" --format json
+check "a plan from another cluster is predicted on the host" /usr/bin/python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r['predicted_step_s'] > 0 and r['prediction']['predicted_steps'] == 1, r['prediction']
+assert all(rank['predicted_busy_s'] > 0 for rank in r['per_step'][0]['ranks'])" "$work/plan-good-json.out"
+# One that does not fit the host's pricing (its model recomputes, so it keeps ~1.8 KB per
+# token; the runtime's model keeps ~9 KB, over the plan's 1.2 MB): no prediction, and every
+# figure of it is null in JSON and "-" in text with the reason, never 0.
+/usr/bin/python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+model = json.load(open(f"{work}/model.json"))
+model.update(hidden=4, layers=100, ffn_hidden=8, activation_bytes_per_token=100000, recompute="full",
+             parameters=1000)
+json.dump(model, open(f"{work}/model-recompute.json", "w"))
+cluster = json.load(open(f"{work}/cluster.json"))
+cluster["gpu_memory_bytes"] = 1200000
+json.dump(cluster, open(f"{work}/cluster-small.json", "w"))
+PY
+"$ballast" plan --strategy static-cp --cluster "$work/cluster-small.json" --model "$work/model-recompute.json" \
+  --lengths "$work/lengths.txt" --batch-size 3 --sampling sequential --max-context 300 -o "$work/tight.json" \
+  2>"$work/tight.err" || cat "$work/tight.err" >&2
+run plan-tight "" -np 2 "$ballast" run --plan "$work/tight.json" --format json
+check "a plan that does not fit the host runs" test "$code" = 0
+check "... with null prediction figures and the reason" /usr/bin/python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+p = r['prediction']
+assert r['predicted_step_s'] is None and p['predicted_steps'] == 0, p
+assert p['busy_median_relative_error'] is None and p['predicted_busiest_busy_s'] is None, p
+assert 'does not fit the host calibration' in p['note'], p['note']
+assert r['per_step'][0]['predicted_step_s'] is None" "$work/plan-tight.out"
+run plan-tight-text "" -np 2 "$ballast" run --plan "$work/tight.json"
+check "... and '-' in text, saying why once" has "$work/plan-tight-text.out" \
+  "over 1 step(s): - (no prediction: plan .*tight.json does not fit the host calibration"
+check "... not a 0 that stands for unknown" lacks "$work/plan-tight-text.out" "0.0000 s predicted"
+check "... and not 'plan plan'" lacks "$work/plan-tight-text.out" "plan plan"
 
 rejected() {  # rejected CASE MESSAGE: exit 2 (bad input), the message once, no step ran
   check "$1 exits 2" test "$code" = 2

@@ -32,6 +32,7 @@ void write_text(const driver::RunReport& report, const RunArgs& args, std::ostre
   fmt::print(out, "ballast run: strategy {}, {} ranks ({} per emulated node), corpus: {}\n",
              report.strategy, report.ranks, report.gpus_per_node, report.corpus_provenance);
   fmt::print(out, "predicted with {}\n", report.host_cluster);
+  const driver::PredictionSummary summary = driver::summarise_prediction(report.steps);
   for (const driver::StepReport& step : report.steps) {
     fmt::print(out, "step {}: {} micro-batches, loss {:.4f}, imbalance {:.3f} (max/mean busy), step wall {:.3f} s",
                step.step, step.micro_batches, step.loss, step.imbalance, step.step_wall_s);
@@ -43,7 +44,10 @@ void write_text(const driver::RunReport& report, const RunArgs& args, std::ostre
       fmt::print(out, ", max relative error vs single process {:.2e} ({})", step.max_relative_error,
                  step.worst_tensor);
     }
-    if (!step.prediction_note.empty()) fmt::print(out, "\n  {}", step.prediction_note);
+    // Without any prediction the summary says why, once.
+    if (!step.prediction_note.empty() && summary.predicted_steps > 0) {
+      fmt::print(out, "\n  {}", step.prediction_note);
+    }
     const bool predicted = !step.predicted_busy_s.empty();
     fmt::print(out, "\n  {:>4} {:>4} {:>9} {:>9} {:>7} {:>9} {:>9} {:>8} {:>10} {:>10}\n", "rank", "node",
                "busy (s)", "pred (s)", "error", "wait (s)", "wall (s)", "tokens", "intra MiB", "inter MiB");
@@ -57,15 +61,22 @@ void write_text(const driver::RunReport& report, const RunArgs& args, std::ostre
                  m.wait_s, m.wall_s, m.tokens, m.intra_node_bytes / kMiB, m.inter_node_bytes / kMiB);
     }
   }
-  const driver::PredictionSummary summary = driver::summarise_prediction(report.steps);
-  fmt::print(out,
-             "prediction vs measurement over {} step(s): busy per rank and step |error| median {:.1f}%, "
-             "worst {:+.1f}%; busiest rank {:.4f} s predicted vs {:.4f} s measured ({:+.1f}%); step "
-             "{:.4f} s predicted vs {:.4f} s wall ({:+.1f}%)\n",
-             report.steps.size(), 100 * summary.busy_median_relative_error,
-             100 * summary.busy_worst_relative_error, summary.predicted_busiest_s, summary.measured_busiest_s,
-             100 * summary.busiest_relative_error, summary.predicted_step_s, summary.measured_step_s,
-             100 * (summary.measured_step_s > 0 ? summary.predicted_step_s / summary.measured_step_s - 1 : 0.0));
+  if (summary.predicted_steps == 0) {
+    fmt::print(out, "prediction vs measurement over {} step(s): - ({})\n", report.steps.size(), summary.note);
+  } else {
+    const std::string steps =
+        summary.predicted_steps == static_cast<int>(report.steps.size())
+            ? fmt::format("{} step(s)", report.steps.size())
+            : fmt::format("the {} of {} steps predicted", summary.predicted_steps, report.steps.size());
+    fmt::print(out,
+               "prediction vs measurement over {}: busy per rank and step |error| median {:.1f}%, "
+               "worst {:+.1f}%; busiest rank {:.4f} s predicted vs {:.4f} s measured ({:+.1f}%); step "
+               "{:.4f} s predicted vs {:.4f} s wall ({:+.1f}%)\n",
+               steps, 100 * summary.busy_median_relative_error, 100 * summary.busy_worst_relative_error,
+               summary.predicted_busiest_s, summary.measured_busiest_s, 100 * summary.busiest_relative_error,
+               summary.predicted_step_s, summary.measured_step_s,
+               100 * (summary.measured_step_s > 0 ? summary.predicted_step_s / summary.measured_step_s - 1 : 0.0));
+  }
   if (!args.trace_path.empty()) {
     fmt::print(out, "measured and predicted timelines of the first step written to {}\n", args.trace_path);
   }
@@ -88,17 +99,22 @@ nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
   if (check) json["max_rel_error"] = worst;
   json["imbalance"] = imbalance;
   json["step_wall_s"] = wall;
+  // Without a prediction every figure of it is null (never a 0 that means unknown).
   const driver::PredictionSummary summary = driver::summarise_prediction(report.steps);
-  json["predicted_step_s"] = summary.predicted_step_s / static_cast<double>(std::max<std::size_t>(1, report.steps.size()));
-  json["prediction"] = {{"busy_median_relative_error", summary.busy_median_relative_error},
-                        {"busy_worst_relative_error", summary.busy_worst_relative_error},
-                        {"busiest_busy_s", summary.measured_busiest_s},
-                        {"predicted_busiest_busy_s", summary.predicted_busiest_s},
-                        {"busiest_relative_error", summary.busiest_relative_error},
-                        {"step_median_relative_error", summary.step_median_relative_error},
-                        {"step_worst_relative_error", summary.step_worst_relative_error},
+  const bool predicted = summary.predicted_steps > 0;
+  const auto figure = [&](double value) { return predicted ? nlohmann::ordered_json(value) : nlohmann::ordered_json(); };
+  json["predicted_step_s"] = figure(summary.predicted_step_s / std::max(1, summary.predicted_steps));
+  json["prediction"] = {{"predicted_steps", summary.predicted_steps},
+                        {"busy_median_relative_error", figure(summary.busy_median_relative_error)},
+                        {"busy_worst_relative_error", figure(summary.busy_worst_relative_error)},
+                        {"busiest_busy_s", figure(summary.measured_busiest_s)},
+                        {"predicted_busiest_busy_s", figure(summary.predicted_busiest_s)},
+                        {"busiest_relative_error", figure(summary.busiest_relative_error)},
+                        {"step_median_relative_error", figure(summary.step_median_relative_error)},
+                        {"step_worst_relative_error", figure(summary.step_worst_relative_error)},
                         {"cluster", report.host_cluster},
                         {"cluster_provenance", report.host_provenance}};
+  if (!summary.note.empty()) json["prediction"]["note"] = summary.note;
   json["blas_threads"] = report.blas_note;
   json["corpus"] = report.corpus_provenance;
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();

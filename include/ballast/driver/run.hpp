@@ -64,8 +64,12 @@ struct StepReport {
 
 /// How far the predictions of a run were from its measurements: relative errors
 /// predicted / measured - 1 of every rank's busy time in every step, of the busiest rank's
-/// busy time summed over the steps, and of every step's time against its wall time.
+/// busy time summed over the steps, and of every step's time against its wall time. Only
+/// the steps with a prediction count (predicted_steps of them; none: every figure is
+/// meaningless, and note says why).
 struct PredictionSummary {
+  int predicted_steps = 0;
+  std::string note;                       ///< the first unpredicted step's prediction_note
   double busy_median_relative_error = 0;  ///< median of |error| over ranks and steps
   double busy_worst_relative_error = 0;   ///< the largest |error|, signed
   double busiest_relative_error = 0;      ///< sum over steps of max busy, predicted vs measured
