@@ -343,7 +343,51 @@ PreparedRun prepare_run(const RunOptions& options, int ranks) {
   return prepared;
 }
 
-RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm comm) {
+namespace {
+
+/// The simulator's prediction of one plan on the host (prediction_cost, priced_on_host):
+/// the step, each MPI rank's busy time (a TP group's members share the group's), and with
+/// `record_trace` the predicted events per MPI rank; `note` says why there is none.
+struct StepPrediction {
+  double step_s = 0;
+  std::vector<double> busy_s;  ///< empty: no prediction
+  std::vector<TraceEvent> trace;
+  std::string note;
+};
+
+StepPrediction predict_step(const Plan& plan, const RunOptions& options, const std::string& source,
+                            bool record_trace) {
+  StepPrediction prediction;
+  const auto cost = prediction_cost(plan, options);
+  SimulationOptions simulation;
+  simulation.gradient_sync = GradientSync::end;  // one all-reduce after the last backward
+  simulation.record_trace = record_trace;
+  try {
+    SimulationReport predicted = simulate(priced_on_host(plan, *cost, options.host.name, source), *cost, simulation);
+    prediction.step_s = predicted.step_time_s;
+    // The simulator's rank is a TP group: each of its GPUs (MPI ranks) is predicted to be
+    // busy and to run events as the group.
+    const int tensor_parallel = plan.cluster.tensor_parallel.gpus;
+    for (const RankTimes& times : predicted.ranks) {
+      prediction.busy_s.insert(prediction.busy_s.end(), static_cast<std::size_t>(tensor_parallel), times.busy_s);
+    }
+    for (const TraceEvent& event : predicted.trace) {
+      for (int member = 0; member < tensor_parallel; ++member) {
+        TraceEvent gpu_event = event;
+        gpu_event.rank = event.rank * tensor_parallel + member;
+        prediction.trace.push_back(std::move(gpu_event));
+      }
+    }
+  } catch (const InputError& error) {  // e.g. a plan file whose memory the host cannot hold
+    prediction.note = fmt::format("no prediction: {}", error.what());
+  }
+  return prediction;
+}
+
+}  // namespace
+
+RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm comm,
+                       const RunProgress& progress) {
   int rank = 0, ranks = 1;
   runtime::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   runtime::check_mpi(MPI_Comm_size(comm, &ranks), "MPI_Comm_size");
@@ -360,6 +404,30 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
   report.gpus_per_node = plans.front().cluster.gpus_per_node * plans.front().cluster.tensor_parallel.gpus;
   report.host_cluster = fmt::format("{} ({})", options.host.name, options.host_source);
   report.host_provenance = options.host.provenance;
+
+  // Rank 0 predicts every step before the first one runs, so the run's predicted time is
+  // known (and shown, progress.started) before the work; the barrier keeps the simulation
+  // out of every rank's measured steps.
+  std::vector<StepPrediction> predictions;
+  if (rank == 0) {
+    RunForecast forecast;
+    forecast.steps = plans.size();
+    for (std::size_t s = 0; s < plans.size(); ++s) {
+      const std::string source =
+          options.plan_path.empty() ? fmt::format("step {} planned by {}", s, options.strategy)
+          : plans.size() == 1       ? fmt::format("plan {}", options.plan_path)
+                                    : fmt::format("plan {}[{}]", options.plan_path, s);
+      predictions.push_back(predict_step(plans[s], options, source, options.record_trace && s == 0));
+      if (predictions.back().busy_s.empty()) {
+        if (forecast.note.empty()) forecast.note = predictions.back().note;
+      } else {
+        ++forecast.predicted_steps;
+        forecast.predicted_s += predictions.back().step_s;
+      }
+    }
+    if (progress.started) progress.started(report, forecast);
+  }
+  runtime::check_mpi(MPI_Barrier(comm), "MPI_Barrier");
 
   for (std::size_t s = 0; s < plans.size(); ++s) {
     const Plan& plan = plans[s];
@@ -389,38 +457,11 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
     std::vector<runtime::RankMeasurement> measured = runtime::gather_measurements(result.measurement, comm);
     if (rank == 0) {
       summarise_measurements(std::move(measured), step);
-      // The simulator's prediction of the plan that just ran (after it ran: simulating
-      // takes rank 0's time, never the step's).
-      const auto cost = prediction_cost(plan, options);
-      SimulationOptions simulation;
-      simulation.gradient_sync = GradientSync::end;  // one all-reduce after the last backward
-      simulation.record_trace = step_options.record_trace;
-      const std::string source =
-          options.plan_path.empty() ? fmt::format("step {} planned by {}", s, options.strategy)
-          : plans.size() == 1       ? fmt::format("plan {}", options.plan_path)
-                                    : fmt::format("plan {}[{}]", options.plan_path, s);
-      try {
-        SimulationReport predicted = simulate(priced_on_host(plan, *cost, options.host.name, source), *cost, simulation);
-        step.predicted_step_s = predicted.step_time_s;
-        // The simulator's rank is a TP group: each of its GPUs (MPI ranks) is predicted
-        // to be busy and to run events as the group.
-        const int tensor_parallel = plan.cluster.tensor_parallel.gpus;
-        for (const RankTimes& times : predicted.ranks) {
-          step.predicted_busy_s.insert(step.predicted_busy_s.end(), static_cast<std::size_t>(tensor_parallel),
-                                       times.busy_s);
-        }
-        if (simulation.record_trace) {
-          for (const TraceEvent& event : predicted.trace) {
-            for (int member = 0; member < tensor_parallel; ++member) {
-              TraceEvent gpu_event = event;
-              gpu_event.rank = event.rank * tensor_parallel + member;
-              report.predicted_trace.push_back(std::move(gpu_event));
-            }
-          }
-        }
-      } catch (const InputError& error) {  // e.g. a plan file whose memory the host cannot hold
-        step.prediction_note = fmt::format("no prediction: {}", error.what());
-      }
+      StepPrediction& predicted = predictions[s];
+      step.predicted_step_s = predicted.step_s;
+      step.predicted_busy_s = std::move(predicted.busy_s);
+      step.prediction_note = std::move(predicted.note);
+      if (step_options.record_trace) report.predicted_trace = std::move(predicted.trace);
     }
     if (step_options.record_trace) report.trace = runtime::gather_trace(result.events, comm);
     // The optimizer step on the mean gradient (identical on every rank).
@@ -428,6 +469,7 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
       for (float& gradient : result.gradients) gradient /= static_cast<float>(result.targets);
     }
     runtime::adamw_step(options.adamw, result.gradients, parameters, adam);
+    if (rank == 0 && progress.stepped) progress.stepped(step, s, plans.size());
     report.steps.push_back(std::move(step));
   }
   return report;

@@ -27,6 +27,10 @@ check "run (zeppelin, 2 ranks) is exact" exact "$work/zeppelin.json"
 code=$(run "$work/cp.json" "$work/err" -np 4 "$ballast" run --strategy static-cp --steps 2 --check --format json)
 check "run (static-cp, 4 ranks, 2 steps) exits 0" test "$code" = 0
 check "run (static-cp, 4 ranks) is exact" exact "$work/cp.json"
+# Progress on stderr (a run of large plans takes minutes): the predicted time before the
+# first step, then the steps as they end.
+check "run says what it will take before the first step" has "$work/err" "static-cp: 2 step(s) on 4 ranks, predicted [0-9.]* s"
+check "... and the steps as they end" has "$work/err" "step 2/2 done, wall [0-9.]* s (predicted [0-9.]* s)"
 # An MoE model (4 experts, top-2) with expert parallelism 2: exact, and its all-to-alls on
 # the measured timeline (category "expert parallel"); EP that does not divide the experts
 # is refused with exit 2 naming the flag.

@@ -6,11 +6,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -179,6 +181,69 @@ nlohmann::ordered_json ranking_json(const driver::StrategyRanking& ranking) {
   json["tie_margin"] = ranking.margin;
   return json;
 }
+
+/// `ballast run`'s progress on rank 0's stderr: what the run is predicted to take before
+/// its first step, then the steps as they end (at most one line a second, and the last).
+/// Always printed, as plain lines: under mpirun a rank's stderr is a pipe to mpirun, never
+/// a terminal, so `compare`'s terminal-only status line would never show, and a run of
+/// large plans can take minutes.
+class RunProgressLines {
+ public:
+  driver::RunProgress callbacks() {
+    driver::RunProgress progress;
+    progress.started = [this](const driver::RunReport& report, const driver::RunForecast& forecast) {
+      started(report, forecast);
+    };
+    progress.stepped = [this](const driver::StepReport& step, std::size_t index, std::size_t steps) {
+      stepped(step, index, steps);
+    };
+    return progress;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void started(const driver::RunReport& report, const driver::RunForecast& forecast) {
+    strategy_ = report.strategy;
+    std::string predicted;
+    if (forecast.predicted_steps == 0) {
+      predicted = fmt::format("its time is not predicted ({})", forecast.note);
+    } else {
+      const unsigned cores = std::thread::hardware_concurrency();
+      const std::string shared =
+          cores > 0 && static_cast<unsigned>(report.ranks) > cores
+              ? fmt::format("; this host has {} cores for the {} ranks, so expect up to {:.1f}x that", cores,
+                            report.ranks, static_cast<double>(report.ranks) / cores)
+              : "";
+      predicted = fmt::format("predicted {:.3f} s ({}the simulator's step times on the host calibration, "
+                              "each rank on its own core{})",
+                              forecast.predicted_s,
+                              forecast.predicted_steps < static_cast<int>(forecast.steps)
+                                  ? fmt::format("{} of the steps: ", forecast.predicted_steps)
+                                  : "",
+                              shared);
+    }
+    fmt::print(stderr, "ballast run: {}: {} step(s) on {} ranks, {}\n", strategy_, forecast.steps, report.ranks,
+               predicted);
+    std::fflush(stderr);
+    started_ = last_line_ = Clock::now();
+  }
+
+  void stepped(const driver::StepReport& step, std::size_t index, std::size_t steps) {
+    const Clock::time_point now = Clock::now();
+    if (index + 1 < steps && now - last_line_ < std::chrono::seconds(1)) return;
+    last_line_ = now;
+    const std::string predicted =
+        step.predicted_busy_s.empty() ? "" : fmt::format(" (predicted {:.3f} s)", step.predicted_step_s);
+    fmt::print(stderr, "ballast run: {}: step {}/{} done, wall {:.3f} s{}; {:.1f} s so far\n",
+               strategy_, index + 1, steps, step.step_wall_s, predicted,
+               std::chrono::duration<double>(now - started_).count());
+    std::fflush(stderr);
+  }
+
+  std::string strategy_;
+  Clock::time_point started_, last_line_;
+};
 
 /// Workload flags `ballast run` has no use for: it plans for the job it runs in.
 constexpr struct {
@@ -402,7 +467,9 @@ int run_run(const RunArgs& args) {
     std::vector<driver::RunReport> reports;
     for (auto& [run_options, prepared_run] : runs) {
       run_options.record_trace = !args.trace_path.empty() && reports.empty();  // the first strategy's
-      reports.push_back(driver::run_training(run_options, std::move(prepared_run), MPI_COMM_WORLD));
+      RunProgressLines progress;
+      reports.push_back(
+          driver::run_training(run_options, std::move(prepared_run), MPI_COMM_WORLD, progress.callbacks()));
       reports.back().blas_note = blas_note;
     }
     if (rank == 0) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -131,8 +132,25 @@ struct PreparedRun {
 /// collective and report a failure once (tools/ballast/run_command.cpp). Throws InputError
 /// for bad options, plans or files.
 PreparedRun prepare_run(const RunOptions& options, int ranks);
-/// Runs the prepared steps on every rank of `comm` (collective): each step, the check
-/// against the single-process reference, AdamW, the gathered measurements.
-RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm comm);
+/// What a run is predicted to take, known before its first step (rank 0).
+struct RunForecast {
+  std::size_t steps = 0;
+  int predicted_steps = 0;   ///< steps with a prediction
+  double predicted_s = 0;    ///< their predicted step times summed (each rank on its own core)
+  std::string note;          ///< the first unpredicted step's prediction_note
+};
+/// Rank 0's view of a run as it goes, for the caller to show (the driver prints nothing):
+/// `started` once the steps are predicted, before the first runs; `stepped` after each
+/// step (its report, index and the step count). Either may be empty.
+struct RunProgress {
+  std::function<void(const RunReport&, const RunForecast&)> started;
+  std::function<void(const StepReport&, std::size_t step, std::size_t steps)> stepped;
+};
+
+/// Runs the prepared steps on every rank of `comm` (collective): rank 0 first predicts
+/// every step (the simulator on the host calibration), then each step, the check against
+/// the single-process reference, AdamW, the gathered measurements.
+RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm comm,
+                       const RunProgress& progress = {});
 
 }  // namespace ballast::driver
