@@ -45,7 +45,7 @@ int parse_index(const std::string& field, const std::string& text, const char* w
 FaultInjection parse_fault(const std::string& text) {
   const std::vector<std::string> fields = split_colons(text);
   if (fields.size() != 3 && fields.size() != 4) {
-    throw InputError(fmt::format("{}={}: expected RANK:STEP:throw|kill[:step|attention] "
+    throw InputError(fmt::format("{}={}: expected RANK:STEP:throw|kill|corrupt[:step|attention] "
                                  "(test-only fault injection, docs/runtime.md)",
                                  kFaultVariable, text));
   }
@@ -57,8 +57,10 @@ FaultInjection parse_fault(const std::string& text) {
     fault.action = FaultInjection::Action::throw_error;
   } else if (fields[2] == "kill") {
     fault.action = FaultInjection::Action::kill;
+  } else if (fields[2] == "corrupt") {
+    fault.action = FaultInjection::Action::corrupt;
   } else {
-    throw InputError(fmt::format("{}={}: action '{}' is not throw or kill", kFaultVariable, text,
+    throw InputError(fmt::format("{}={}: action '{}' is not throw, kill or corrupt", kFaultVariable, text,
                                  fields[2]));
   }
   if (fields.size() == 4) {

@@ -72,7 +72,9 @@ StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters
   for (int m = 0; m < options.expert_parallel; ++m) {
     expert_same_node.push_back(plan.cluster.same_node(comms.plan_rank(), expert_comm.first_rank() + m));
   }
-  const FaultInjection* fault = options.fault;
+  // A corrupting fault runs the step and spoils this rank's gradients before the sync.
+  const bool corrupt = options.fault != nullptr && options.fault->action == FaultInjection::Action::corrupt;
+  const FaultInjection* fault = corrupt ? nullptr : options.fault;
   if (fault != nullptr && fault->phase == FaultInjection::Phase::step_start) {
     trigger_fault(*fault, "at the start of the step");
   }
@@ -135,6 +137,9 @@ StepResult run_step(const Plan& plan, const ModelConfig& model, const Parameters
                                  trace_category::kExpertParallel});
       }
     }
+  }
+  if (corrupt) {
+    for (float& gradient : result.gradients) gradient *= 1.0f + kCorruptGradientScale;
   }
   // Gradient sync: the sum over ranks (the caller divides by the step's targets).
   const double sync_start_s = MPI_Wtime(), sync_cpu_s = thread_cpu_s();

@@ -56,6 +56,14 @@ run kill-step 2:1:kill "${job[@]}"
 failed_fast "rank 2 SIGKILLed at the start of step 1"
 check "kill-step: mpiexec names rank 2" has "$work/kill-step.err" "rank 2"
 
+# --check's verdict: a rank whose gradients are wrong (corrupt: scaled by 1.001 before
+# the sync) fails the check against the documented tolerance, exit 1, naming the step.
+run corrupt 1:1:corrupt -np 2 "$ballast" run --check --steps 2
+check "run --check with wrong gradients exits 1" test "$code" = 1
+check "... says why on stderr" has "$work/corrupt.err" "ballast run: --check failed: zeppelin: step 1 differs from the single-process reference by"
+check "... and the report's verdict is FAIL" has "$work/corrupt.out" "check: FAIL: zeppelin: step 1 .*over the tolerance 1e-05"
+check "... while the good step passes" has "$work/corrupt.out" "^step 0: .*: pass (at most 1e-05)"
+
 run bad-fault 1:one:throw "${job[@]}"
 check "a malformed BALLAST_FAULT is rejected" test "$code" != 0 -a "$code" != 124
 check "a malformed BALLAST_FAULT names the form" has "$work/bad-fault.err" "RANK:STEP:throw|kill"

@@ -17,6 +17,8 @@ run = json.load(open(sys.argv[1]))
 for key in ("strategy", "ranks", "steps", "loss", "max_rel_error", "imbalance", "step_wall_s"):
     assert key in run, key
 assert run["max_rel_error"] < 1e-5, run["max_rel_error"]
+assert run["check"] == {"tolerance": 1e-5, "passed": True}, run.get("check")
+assert all(step["check_passed"] for step in run["per_step"])
 assert run["imbalance"] >= 1.0
 PY
 }

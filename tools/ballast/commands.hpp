@@ -10,9 +10,11 @@
 
 namespace ballast::cli {
 
-/// Exit codes (docs/cli.md): 0 success, 1 the plan is invalid, 2 bad input or usage,
-/// 3 internal error (a bug: please report it).
+/// Exit codes (docs/cli.md): 0 success, 1 the plan is invalid (validate) or the run
+/// differs from the single process (run --check), 2 bad input or usage, 3 internal error
+/// (a bug: please report it).
 inline constexpr int kExitInvalidPlan = 1;
+inline constexpr int kExitCheckFailed = 1;
 inline constexpr int kExitBadInput = 2;
 inline constexpr int kExitInternal = 3;
 

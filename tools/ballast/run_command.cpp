@@ -30,6 +30,33 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+/// The first step of `report` that --check failed, or nullptr.
+const driver::StepReport* failed_check(const driver::RunReport& report) {
+  for (const driver::StepReport& step : report.steps) {
+    if (!step.check_passed()) return &step;
+  }
+  return nullptr;
+}
+
+/// Why `step` of `report` failed --check.
+std::string check_failure(const driver::RunReport& report, const driver::StepReport& step) {
+  return fmt::format("{}: step {} differs from the single-process reference by {:.2e} ({}), over the "
+                     "tolerance {:.0e} (docs/runtime.md#exactness)",
+                     report.strategy, step.step, step.max_relative_error, step.worst_tensor,
+                     driver::kCheckTolerance);
+}
+
+/// --check's verdict on a run, one line: pass, or the first failing step and the tolerance.
+std::string check_verdict(const driver::RunReport& report) {
+  double worst = 0;
+  for (const driver::StepReport& step : report.steps) worst = std::max(worst, step.max_relative_error);
+  if (const driver::StepReport* step = failed_check(report)) {
+    return "check: FAIL: " + check_failure(report, *step);
+  }
+  return fmt::format("check: pass: every step within {:.0e} of the single-process reference (worst {:.2e})",
+                     driver::kCheckTolerance, worst);
+}
+
 void write_text(const driver::RunReport& report, const RunArgs& args, std::ostream& out) {
   fmt::print(out, "ballast run: strategy {}, {} ranks ({} per emulated node), corpus: {}\n",
              report.strategy, report.ranks, report.gpus_per_node, report.corpus_provenance);
@@ -43,8 +70,10 @@ void write_text(const driver::RunReport& report, const RunArgs& args, std::ostre
                  100 * (step.predicted_step_s / step.step_wall_s - 1));
     }
     if (step.max_relative_error >= 0) {
-      fmt::print(out, ", max relative error vs single process {:.2e} ({})", step.max_relative_error,
-                 step.worst_tensor);
+      fmt::print(out, ", max relative error vs single process {:.2e} ({}): {}", step.max_relative_error,
+                 step.worst_tensor,
+                 step.check_passed() ? fmt::format("pass (at most {:.0e})", driver::kCheckTolerance)
+                                     : fmt::format("FAIL (over {:.0e})", driver::kCheckTolerance));
     }
     // Without any prediction the summary says why, once.
     if (!step.prediction_note.empty() && summary.predicted_steps > 0) {
@@ -79,6 +108,7 @@ void write_text(const driver::RunReport& report, const RunArgs& args, std::ostre
                summary.predicted_step_s, summary.measured_step_s,
                100 * (summary.measured_step_s > 0 ? summary.predicted_step_s / summary.measured_step_s - 1 : 0.0));
   }
+  if (args.options.check) fmt::print(out, "{}\n", check_verdict(report));
   if (!args.trace_path.empty()) {
     fmt::print(out, "measured and predicted timelines of the first step written to {}\n", args.trace_path);
   }
@@ -98,7 +128,10 @@ nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
     imbalance += step.imbalance / static_cast<double>(report.steps.size());
     wall += step.step_wall_s / static_cast<double>(report.steps.size());
   }
-  if (check) json["max_rel_error"] = worst;
+  if (check) {
+    json["max_rel_error"] = worst;
+    json["check"] = {{"tolerance", driver::kCheckTolerance}, {"passed", failed_check(report) == nullptr}};
+  }
   json["imbalance"] = imbalance;
   json["step_wall_s"] = wall;
   // Without a prediction every figure of it is null (never a 0 that means unknown).
@@ -128,6 +161,7 @@ nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
     if (check) {
       s["max_rel_error"] = step.max_relative_error;
       s["worst_tensor"] = step.worst_tensor;
+      s["check_passed"] = step.check_passed();
     }
     s["imbalance"] = step.imbalance;
     s["step_wall_s"] = step.step_wall_s;
@@ -463,6 +497,7 @@ int run_run(const RunArgs& args) {
     }
   });
   if (agreed_failure()) return job_code;
+  int check_code = 0;  // kExitCheckFailed when --check failed
   try {
     std::vector<driver::RunReport> reports;
     for (auto& [run_options, prepared_run] : runs) {
@@ -503,6 +538,16 @@ int run_run(const RunArgs& args) {
         if (!file) throw InputError(fmt::format("-o {}: cannot write this file", args.output.output_path));
         file << text.str();
       }
+      if (args.options.check) {
+        for (const driver::RunReport& report : reports) {
+          const driver::StepReport* step = failed_check(report);
+          if (step == nullptr) continue;
+          std::cout.flush();
+          std::cerr << fmt::format("ballast run: --check failed: {}\n", check_failure(report, *step));
+          check_code = kExitCheckFailed;
+          break;
+        }
+      }
     }
   } catch (const InputError& error) {
     std::cerr << fmt::format("ballast run: error on rank {}: {}\n", rank, error.what());
@@ -512,8 +557,10 @@ int run_run(const RunArgs& args) {
                              error.what());
     abort_job(kExitInternal);
   }
+  // Rank 0's verdict is every rank's exit code (mpirun reports the worst).
+  check_mpi(MPI_Bcast(&check_code, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast");
   check_mpi(MPI_Finalize(), "MPI_Finalize");
-  return 0;
+  return check_code;
 }
 
 }  // namespace ballast::cli

@@ -46,11 +46,18 @@ struct RunOptions {
   std::string host_source;     ///< where host came from, for the report
 };
 
+/// `ballast run --check`'s tolerance: a step passes when the norm-wise relative error of
+/// its loss and of every gradient tensor against the single-process reference is at most
+/// this (docs/runtime.md#exactness: distribution only reorders fp32 sums, ~1e-6; the
+/// mpi_exactness tests use the same bound).
+inline constexpr double kCheckTolerance = 1e-5;
+
 struct StepReport {
   int step = 0;
   int micro_batches = 0;
   double loss = 0;             ///< mean cross-entropy over the step's targets
   double max_relative_error = -1;  ///< with check: worst of loss and every gradient tensor
+  bool check_passed() const { return max_relative_error <= kCheckTolerance; }  ///< with check
   std::string worst_tensor;
   std::vector<runtime::RankMeasurement> ranks;  ///< on rank 0; empty elsewhere
   double imbalance = 1;        ///< max / mean busy

@@ -1,7 +1,8 @@
 // Test-only fault injection for `ballast run` (docs/runtime.md, "Fault injection"):
-// BALLAST_FAULT=RANK:STEP:throw|kill[:step|attention] makes one rank fail at one step,
-// so tests can check that a failing or dying rank takes the whole job down, with a
-// message naming it, instead of leaving the other ranks blocked in MPI.
+// BALLAST_FAULT=RANK:STEP:throw|kill|corrupt[:step|attention] makes one rank fail at one
+// step, so tests can check that a failing or dying rank takes the whole job down, with a
+// message naming it, instead of leaving the other ranks blocked in MPI, and that a rank
+// whose gradients are wrong fails `ballast run --check`.
 #pragma once
 
 #include <optional>
@@ -16,6 +17,7 @@ struct FaultInjection {
   enum class Action {
     throw_error,  ///< throw std::runtime_error: the rank's normal error path runs
     kill,         ///< SIGKILL itself: no unwinding, no message (like the OOM killer)
+    corrupt,      ///< scale this rank's gradients by 1 + kCorruptGradientScale before the sync
   };
   enum class Phase {
     step_start,  ///< at the start of the step, before its first MPI call (others block in a collective)
@@ -28,8 +30,12 @@ struct FaultInjection {
   std::string spec;  ///< the variable's value, quoted in messages
 };
 
-/// Parses a BALLAST_FAULT value "RANK:STEP:throw|kill[:step|attention]" (phase default:
-/// step). Throws InputError naming the variable and the expected form.
+/// What `corrupt` adds to the rank's gradients, relatively: far above --check's tolerance
+/// (driver::kCheckTolerance), as a scheme that summed the wrong blocks would be.
+inline constexpr float kCorruptGradientScale = 1e-3f;
+
+/// Parses a BALLAST_FAULT value "RANK:STEP:throw|kill|corrupt[:step|attention]" (phase
+/// default: step; corrupt acts after the step's last backward, whatever the phase). Throws InputError naming the variable and the expected form.
 FaultInjection parse_fault(const std::string& text);
 
 /// BALLAST_FAULT from the environment; nullopt when it is unset or empty.
