@@ -403,6 +403,9 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
   report.corpus_provenance = corpus.provenance;
   report.gpus_per_node = plans.front().cluster.gpus_per_node * plans.front().cluster.tensor_parallel.gpus;
   report.host_cluster = fmt::format("{} ({})", options.host.name, options.host_source);
+  report.host_name = options.host.name;
+  report.host_source = options.host_source;
+  if (options.host.measured_on) report.host_measured_at = options.host.measured_on->measured_at;
   report.host_provenance = options.host.provenance;
 
   // Rank 0 predicts every step before the first one runs, so the run's predicted time is

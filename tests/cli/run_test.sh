@@ -118,8 +118,30 @@ code=$(run "$work/calibrate.txt" "$work/err" -np 2 "$ballast" calibrate --host -
 check "calibrate --host exits 0" test "$code" = 0
 check "calibrate --host prints measured vs fitted" has "$work/calibrate.txt" "attention fwd"
 check "calibrate --host records where it measured" has "$work/host2.json" '"measured_on"'
-code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --cluster "$work/host2.json" --format json)
+code=$(run "$work/cluster-run.json" "$work/err" -np 2 "$ballast" run --cluster "$work/host2.json" --format json)
 check "run --cluster (this job's calibration) exits 0" test "$code" = 0
+# Which calibration a run used, when it was measured and how to refresh it; --recalibrate
+# measures again and replaces the cached file (one taken on a busy machine is not reused).
+check "run text names the calibration, its date and --recalibrate" has "$work/text.txt" \
+  "^calibration: host-.* (.*cached at .*), measured 20[0-9-]*T[0-9:]*Z (.* ago); if this host was busy then, measure it again with --recalibrate"
+code=$(run "$work/recal.json" "$work/err" -np 2 "$ballast" run --recalibrate --format json)
+check "run --recalibrate exits 0" test "$code" = 0
+check "... says it measures" has "$work/err" "measuring this host's calibration (--recalibrate; cached at "
+check "... and reports the new calibration" /usr/bin/python3 -c "
+import datetime, json, sys
+c = json.load(open(sys.argv[1]))['calibration']
+assert c['source'].startswith('measured now (--recalibrate) in ') and c['refresh'] == '--recalibrate', c
+cache = c['source'].split('cached at ')[1]
+assert json.load(open(cache))['measured_on']['measured_at'] == c['measured_at'], c
+measured = datetime.datetime.strptime(c['measured_at'], '%Y-%m-%dT%H:%M:%SZ')
+assert abs((datetime.datetime.utcnow() - measured).total_seconds()) < 300, c" "$work/recal.json"
+check "run --cluster FILE says how to measure FILE again" /usr/bin/python3 -c "
+import json, sys
+c = json.load(open(sys.argv[1]))['calibration']
+assert c['refresh'] == '\`mpirun -np 2 ballast calibrate --host -o ' + sys.argv[2] + '\`', c" "$work/cluster-run.json" "$work/host2.json"
+code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --recalibrate --cluster "$work/host2.json")
+check "run --recalibrate with --cluster exits 2" test "$code" = 2
+check "... and says to drop one" has "$work/err" "--recalibrate measures this host into the cache, --cluster .*host2.json gives a calibration: drop one"
 code=$(run "$work/out" "$work/err" -np 4 "$ballast" run --cluster "$work/host2.json")
 check "run --cluster of another rank count exits 2" test "$code" = 2
 check "... and names the file and the ranks" has "$work/err" "host2.json: the calibration was measured with ranks 2 but this job has 4"

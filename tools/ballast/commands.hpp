@@ -57,6 +57,7 @@ struct RunArgs {
   OutputFlags output;
   driver::RunOptions options;
   std::string trace_path;
+  bool recalibrate = false;  ///< measure the host again and replace the cached calibration
   std::vector<std::string> flags_given;  ///< long names of the flags on the command line
 };
 /// `ballast calibrate` (calibrate_command.cpp).

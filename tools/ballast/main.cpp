@@ -131,6 +131,9 @@ int run(int argc, char** argv) {
   run_command->add_flag("--check", run_args.options.check,
                         "also run the single-process reference and report the largest relative "
                         "difference of the loss and every gradient tensor");
+  run_command->add_flag("--recalibrate", run_args.recalibrate,
+                        "measure this host again and replace the cached calibration (after one "
+                        "taken while the machine was busy)");
   run_command->add_option("--trace", run_args.trace_path,
                           "write the first step's measured and predicted timelines (Chrome trace)");
   add_runtime_model_flags(*run_command, run_args.options.model);

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <filesystem>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -29,6 +31,40 @@ namespace ballast::cli {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
+
+/// How old an ISO 8601 UTC time ("2026-12-08T00:12:41Z") is, in words ("3.2 h ago"); ""
+/// when it does not parse.
+std::string age_of(const std::string& utc) {
+  std::tm parsed{};
+  std::istringstream in(utc);
+  in >> std::get_time(&parsed, "%Y-%m-%dT%H:%M:%SZ");
+  if (in.fail()) return "";
+  const double seconds = std::difftime(std::time(nullptr), timegm(&parsed));
+  if (seconds < 0) return "";
+  if (seconds < 120) return fmt::format("{:.0f} s ago", seconds);
+  if (seconds < 7200) return fmt::format("{:.0f} min ago", seconds / 60);
+  if (seconds < 2 * 86400) return fmt::format("{:.1f} h ago", seconds / 3600);
+  return fmt::format("{:.0f} days ago", seconds / 86400);
+}
+
+/// How to measure the calibration a run used again: --recalibrate for the cache, the
+/// calibrate command for a --cluster file.
+std::string calibration_refresh(const driver::RunReport& report, const RunArgs& args) {
+  if (args.workload.cluster) {
+    return fmt::format("`mpirun -np {} ballast calibrate --host -o {}`", report.ranks, *args.workload.cluster);
+  }
+  return "--recalibrate";
+}
+
+/// The report's calibration line: which one, when it was measured and how to refresh it
+/// (one taken while the machine was busy makes every prediction of the run too slow).
+std::string calibration_line(const driver::RunReport& report, const RunArgs& args) {
+  const std::string age = age_of(report.host_measured_at);
+  return fmt::format("{} ({}), measured {}{}; if this host was busy then, measure it again with {}",
+                     report.host_name, report.host_source,
+                     report.host_measured_at.empty() ? "at an unknown time" : report.host_measured_at,
+                     age.empty() ? "" : fmt::format(" ({})", age), calibration_refresh(report, args));
+}
 
 /// The first step of `report` that --check failed, or nullptr.
 const driver::StepReport* failed_check(const driver::RunReport& report) {
@@ -60,7 +96,7 @@ std::string check_verdict(const driver::RunReport& report) {
 void write_text(const driver::RunReport& report, const RunArgs& args, std::ostream& out) {
   fmt::print(out, "ballast run: strategy {}, {} ranks ({} per emulated node), corpus: {}\n",
              report.strategy, report.ranks, report.gpus_per_node, report.corpus_provenance);
-  fmt::print(out, "predicted with {}\n", report.host_cluster);
+  fmt::print(out, "calibration: {}\n", calibration_line(report, args));
   const driver::PredictionSummary summary = driver::summarise_prediction(report.steps);
   for (const driver::StepReport& step : report.steps) {
     fmt::print(out, "step {}: {} micro-batches, loss {:.4f}, imbalance {:.3f} (max/mean busy), step wall {:.3f} s",
@@ -115,7 +151,8 @@ void write_text(const driver::RunReport& report, const RunArgs& args, std::ostre
   if (!report.blas_note.empty()) fmt::print(out, "{}\n", report.blas_note);
 }
 
-nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
+nlohmann::ordered_json to_json(const driver::RunReport& report, const RunArgs& args) {
+  const bool check = args.options.check;
   nlohmann::ordered_json json;
   json["schema"] = "ballast.run/1";
   json["strategy"] = report.strategy;
@@ -149,6 +186,11 @@ nlohmann::ordered_json to_json(const driver::RunReport& report, bool check) {
                         {"step_worst_relative_error", figure(summary.step_worst_relative_error)},
                         {"cluster", report.host_cluster},
                         {"cluster_provenance", report.host_provenance}};
+  json["calibration"] = {{"name", report.host_name},
+                         {"source", report.host_source},
+                         {"measured_at", report.host_measured_at.empty() ? nlohmann::ordered_json()
+                                                                         : nlohmann::ordered_json(report.host_measured_at)},
+                         {"refresh", calibration_refresh(report, args)}};
   if (!summary.note.empty()) json["prediction"]["note"] = summary.note;
   json["blas_threads"] = report.blas_note;
   json["corpus"] = report.corpus_provenance;
@@ -368,6 +410,11 @@ HostResolution read_host_calibration(const RunArgs& args, const HostRecord& here
   HostResolution resolution;
   if (args.workload.cluster) {
     const std::string& path = *args.workload.cluster;
+    if (args.recalibrate) {
+      throw InputError(fmt::format("--recalibrate measures this host into the cache, --cluster {} gives a "
+                                   "calibration: drop one (to measure into {}: `mpirun -np {} ballast "
+                                   "calibrate --host -o {}`)", path, path, here.ranks, path));
+    }
     if (!std::filesystem::is_regular_file(path)) {
       throw InputError(fmt::format("--cluster {}: ballast run needs this host's calibration, a file written by "
                                    "`mpirun -np {} ballast calibrate --host -o FILE`; drop --cluster to use "
@@ -379,7 +426,7 @@ HostResolution read_host_calibration(const RunArgs& args, const HostRecord& here
     return resolution;
   }
   resolution.cache_path = driver::host_calibration_cache_path(here);
-  if (std::filesystem::is_regular_file(resolution.cache_path)) {
+  if (!args.recalibrate && std::filesystem::is_regular_file(resolution.cache_path)) {
     try {
       resolution.cluster = load_cluster(resolution.cache_path);
       driver::check_host_calibration(resolution.cluster, here, resolution.cache_path);
@@ -459,6 +506,11 @@ int run_run(const RunArgs& args) {
   int measure = host.measure ? 1 : 0;
   check_mpi(MPI_Bcast(&measure, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast");
   if (measure != 0) {
+    if (rank == 0) {  // progress (docs/cli.md): measuring takes seconds, more with many ranks
+      fmt::print(stderr, "ballast run: measuring this host's calibration ({}; cached at {} for later runs)\n",
+                 args.recalibrate ? "--recalibrate" : "none cached for this job, or stale", host.cache_path);
+      std::fflush(stderr);
+    }
     driver::HostCalibration calibration;
     try {  // every rank fits the same reductions: all fail or none
       calibration = driver::calibrate_host(options.model, MPI_COMM_WORLD);
@@ -471,7 +523,8 @@ int run_run(const RunArgs& args) {
     if (rank == 0) {
       try {
         driver::write_cluster_file(host.cluster, host.cache_path);
-        host.source = fmt::format("measured now in {:.1f} s, cached at {}", calibration.seconds, host.cache_path);
+        host.source = fmt::format("measured now{} in {:.1f} s, cached at {}",
+                                  args.recalibrate ? " (--recalibrate)" : "", calibration.seconds, host.cache_path);
       } catch (const InputError& error) {
         host.source = fmt::format("measured now in {:.1f} s, not cached: {}", calibration.seconds, error.what());
       }
@@ -518,12 +571,12 @@ int run_run(const RunArgs& args) {
       std::ostringstream text;
       if (format == Format::json) {
         if (reports.size() == 1) {
-          text << to_json(first, args.options.check).dump(1) << "\n";
+          text << to_json(first, args).dump(1) << "\n";
         } else {
           nlohmann::ordered_json set;
           set["schema"] = "ballast.run-set/1";
           set["runs"] = nlohmann::ordered_json::array();
-          for (const driver::RunReport& report : reports) set["runs"].push_back(to_json(report, args.options.check));
+          for (const driver::RunReport& report : reports) set["runs"].push_back(to_json(report, args));
           set["ranking"] = ranking_json(driver::rank_strategies(reports));
           text << set.dump(1) << "\n";
         }

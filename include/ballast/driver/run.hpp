@@ -101,6 +101,9 @@ struct RunReport {
   std::vector<TraceEvent> predicted_trace;
   int gpus_per_node = 1;
   std::string host_cluster;        ///< the host calibration's name and where it came from
+  std::string host_name;           ///< the host calibration's name
+  std::string host_source;         ///< where it came from (RunOptions::host_source)
+  std::string host_measured_at;    ///< its measured_on time (ISO 8601 UTC); empty: none
   std::string host_provenance;
   std::string blas_note;           ///< how many BLAS threads each rank ran, and why
 };
