@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <climits>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -403,6 +404,15 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
   report.corpus_provenance = corpus.provenance;
   report.gpus_per_node = plans.front().cluster.gpus_per_node * plans.front().cluster.tensor_parallel.gpus;
   report.host_cluster = fmt::format("{} ({})", options.host.name, options.host_source);
+  std::map<std::pair<Scheme, int>, int> groups;
+  for (const Plan& plan : plans) {
+    for (const MicroBatch& micro_batch : plan.micro_batches) {
+      for (const AttentionGroup& group : micro_batch.groups) {
+        ++groups[{group.scheme, static_cast<int>(group.ranks.size())}];
+      }
+    }
+  }
+  for (const auto& [key, count] : groups) report.groups_run.push_back({to_string(key.first), key.second, count});
   report.host_name = options.host.name;
   report.host_source = options.host_source;
   if (options.host.measured_on) report.host_measured_at = options.host.measured_on->measured_at;

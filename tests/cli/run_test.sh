@@ -69,6 +69,13 @@ check "run trace has the simulator's categories" measured_categories "$work/trac
 code=$(run "$work/text.txt" "$work/err" -np 4 "$ballast" run --strategy zeppelin:partition=even:degree=4:routing=on:remap=on --trace "$work/ring.json")
 check "run (routed ring, remap) with a trace exits 0" test "$code" = 0
 check "run trace shows the inter-node ring and the remap" measured_categories "$work/ring.json" linear "gradient sync" "ring inter-node" remap
+# The report says which groups ran, by scheme: the ring of 4 here; static-cp's degree comes
+# from the scaled context, so at 4 ranks with default flags it runs local groups only.
+check "run text says which groups ran" has "$work/text.txt" "^groups run: ring 1 (g4)$"
+check "run JSON lists the groups run by scheme" /usr/bin/python3 -c "
+import json, sys
+groups = json.load(open(sys.argv[1]))['groups_run']
+assert groups and all(g['scheme'] == 'local' and g['ranks'] == 1 and g['groups'] > 0 for g in groups), groups" "$work/cp.json"
 
 # Predicted next to measured (docs/fidelity.md): the JSON has predicted_step_s per step and
 # predicted_busy_s next to busy_s per rank, on a host calibration (measured_on) of this job.

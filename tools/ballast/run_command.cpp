@@ -32,6 +32,30 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+/// The attention groups a run's plans held, by scheme: "local 12, ring 2 (g2)", with each
+/// size's count when a scheme ran in several ("ring 5 (g2 x3, g4 x2)").
+std::string groups_run_text(const driver::RunReport& report) {
+  std::vector<std::string> schemes;
+  for (std::size_t i = 0; i < report.groups_run.size();) {
+    const std::string& scheme = report.groups_run[i].scheme;
+    std::size_t end = i;
+    int total = 0;
+    while (end < report.groups_run.size() && report.groups_run[end].scheme == scheme) {
+      total += report.groups_run[end++].groups;
+    }
+    std::vector<std::string> sizes;
+    for (std::size_t k = i; k < end; ++k) {
+      const driver::GroupsRun& groups = report.groups_run[k];
+      sizes.push_back(end - i == 1 ? fmt::format("g{}", groups.ranks) : fmt::format("g{} x{}", groups.ranks, groups.groups));
+    }
+    const bool sized = !(end - i == 1 && report.groups_run[i].ranks == 1);
+    schemes.push_back(sized ? fmt::format("{} {} ({})", scheme, total, fmt::join(sizes, ", "))
+                            : fmt::format("{} {}", scheme, total));
+    i = end;
+  }
+  return fmt::format("{}", fmt::join(schemes, ", "));
+}
+
 /// How old an ISO 8601 UTC time ("2026-12-08T00:12:41Z") is, in words ("3.2 h ago"); ""
 /// when it does not parse.
 std::string age_of(const std::string& utc) {
@@ -96,6 +120,7 @@ std::string check_verdict(const driver::RunReport& report) {
 void write_text(const driver::RunReport& report, const RunArgs& args, std::ostream& out) {
   fmt::print(out, "ballast run: strategy {}, {} ranks ({} per emulated node), corpus: {}\n",
              report.strategy, report.ranks, report.gpus_per_node, report.corpus_provenance);
+  fmt::print(out, "groups run: {}\n", groups_run_text(report));
   fmt::print(out, "calibration: {}\n", calibration_line(report, args));
   const driver::PredictionSummary summary = driver::summarise_prediction(report.steps);
   for (const driver::StepReport& step : report.steps) {
@@ -158,6 +183,10 @@ nlohmann::ordered_json to_json(const driver::RunReport& report, const RunArgs& a
   json["strategy"] = report.strategy;
   json["ranks"] = report.ranks;
   json["steps"] = report.steps.size();
+  json["groups_run"] = nlohmann::ordered_json::array();
+  for (const driver::GroupsRun& groups : report.groups_run) {
+    json["groups_run"].push_back({{"scheme", groups.scheme}, {"ranks", groups.ranks}, {"groups", groups.groups}});
+  }
   json["loss"] = report.steps.empty() ? 0.0 : report.steps.back().loss;
   double worst = 0, imbalance = 0, wall = 0;
   for (const auto& step : report.steps) {

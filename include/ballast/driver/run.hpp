@@ -91,8 +91,18 @@ struct PredictionSummary {
 PredictionSummary summarise_prediction(std::span<const StepReport> steps);
 
 
+/// How many attention groups of one scheme and size the run's plans held (every step and
+/// micro-batch): what the strategy actually ran (static-cp on a short context runs only
+/// local groups, say).
+struct GroupsRun {
+  std::string scheme;  ///< to_string(Scheme)
+  int ranks = 1;       ///< the group's plan ranks
+  int groups = 0;
+};
+
 struct RunReport {
   std::string strategy;
+  std::vector<GroupsRun> groups_run;  ///< by scheme (in Scheme order), then size
   int ranks = 0;
   std::string corpus_provenance;
   std::vector<StepReport> steps;
