@@ -118,12 +118,16 @@ std::vector<Plan> read_plans(const RunOptions& options, int ranks) {
   return plans;
 }
 
-std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
+void check_sampling_options(const RunOptions& options) {
   if (options.length_scale < 1) throw InputError("--length-scale must be at least 1");
   if (options.rank_tokens < 1) throw InputError("--rank-tokens must be at least 1");
   if (options.settings.steps < 1) {
     throw InputError(fmt::format("--steps {} must be at least 1", options.settings.steps));
   }
+}
+
+std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {
+  check_sampling_options(options);
   // planning_model() initialises the whole parameter vector to count it: once.
   const Model model = runtime::planning_model(options.model);
   // --tp N: the plan's ranks are TP groups of N of the job's ranks (one per emulated GPU).
@@ -311,6 +315,23 @@ StrategyRanking rank_strategies(std::span<const RunReport> runs, double margin) 
     }
   }
   return ranking;
+}
+
+void check_run_options(const RunOptions& options, int ranks) {
+  options.model.check();
+  if (!options.plan_path.empty()) return;  // prepare_run checks the file's plans without the host
+  check_sampling_options(options);
+  const int tensor_parallel = options.settings.tensor_parallel;
+  check_runtime_tensor_parallel(options.model, tensor_parallel, setting_name("--tp"));
+  // The emulated shape (--gpus-per-node, --tp over it) with the fixed constants in place of
+  // the host's: the same checks as the planning cluster's.
+  const Model model = runtime::planning_model(options.model);
+  const Cluster cluster = tensor_parallel_units(
+      emulated_cluster(model, ranks, options.gpus_per_node, options.rank_tokens), model, tensor_parallel);
+  check_runtime_expert_parallel(options, cluster.ranks(), "--expert-parallel");
+  PlannerOptions planner = options.settings.planner_options();
+  planner.context_tokens = ceil_div(*planner.context_tokens, options.length_scale);
+  parse_strategy_spec(options.strategy, planner);
 }
 
 std::vector<Plan> acquire_plans(const RunOptions& options, int ranks) {

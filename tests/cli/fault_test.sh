@@ -154,6 +154,18 @@ run no-effect "" -np 2 "$ballast" run --model llama-7b
 rejected no-effect "--model has no effect on ballast run"
 run no-steps "" -np 2 "$ballast" run --steps 0
 rejected no-steps "--steps 0 must be at least 1"
+# Every flag is checked before the host is measured (seconds) and cached: a fresh cache
+# stays empty.
+fresh="$work/fresh-cache"
+BALLAST_CACHE_DIR="$fresh" run ep-experts "" -np 2 "$ballast" run --experts 3 --expert-parallel 2
+rejected ep-experts "--expert-parallel 2 needs an MoE model whose --experts (3) it divides"
+check "ep-experts fails before measuring the host" test ! -e "$fresh"
+BALLAST_CACHE_DIR="$fresh" run tp-experts "" -np 2 "$ballast" run --tp 2 --experts 4
+rejected tp-experts "tensor parallelism 2 with an MoE model (--experts 4)"
+check "tp-experts fails before measuring the host" test ! -e "$fresh"
+BALLAST_CACHE_DIR="$fresh" run gpus-per-node "" -np 4 "$ballast" run --gpus-per-node 3
+rejected gpus-per-node "--gpus-per-node 3 does not divide the job's 4 ranks"
+check "gpus-per-node fails before measuring the host" test ! -e "$fresh"
 run many-steps "" -np 2 "$ballast" run --steps 10001
 rejected many-steps "--steps 10001 is over ballast's limit of 10,000 steps per command"
 

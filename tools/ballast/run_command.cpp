@@ -519,6 +519,13 @@ int run_run(const RunArgs& args) {
     if (!options.plan_path.empty()) {
       // Plan files are checked against the job before anything is measured.
       prepared = driver::prepare_run(options, ranks);
+    } else {
+      // So are the flags: a bad one fails before the host is measured (and cached).
+      for (const std::string& strategy : apply_ablation_flags(args.workload, split_list(options.strategy))) {
+        driver::RunOptions strategy_options = options;
+        strategy_options.strategy = strategy;
+        driver::check_run_options(strategy_options, ranks);
+      }
     }
     if (rank == 0) host = read_host_calibration(args, here);
   });

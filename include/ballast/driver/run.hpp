@@ -138,6 +138,12 @@ StrategyRanking rank_strategies(std::span<const RunReport> runs, double margin =
 /// identically on every rank) or PlanningError.
 std::vector<Plan> acquire_plans(const RunOptions& options, int ranks);
 
+/// Checks what can be checked of `options` before the host calibration is read or
+/// measured (seconds, and a cache file): the model, and without a plan file the sampling
+/// flags, --tp, the emulated shape (--gpus-per-node), --expert-parallel and the strategy
+/// spec. Throws InputError naming the flag; communicates nothing.
+void check_run_options(const RunOptions& options, int ranks);
+
 /// What a run needs before its first message: the plans (acquire_plans), the corpus and
 /// the initial parameters.
 struct PreparedRun {
