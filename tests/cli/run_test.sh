@@ -197,6 +197,13 @@ code=$(run "$work/out" "$work/err" -np 2 "$ballast" run --corpus "$work/no-such-
 check "missing corpus exits non-zero (no hang)" test "$code" != 0 -a "$code" != 124
 check "missing corpus names the path" has "$work/err" "no-such-corpus"
 
+# Started without mpirun, the job is one rank: said once on stderr (under mpirun -np 1 not).
+timeout 120 "$ballast" run --steps 1 >"$work/out" 2>"$work/err"
+check "run without mpirun exits 0" test $? = 0
+check "... and says it runs 1 rank and how to run N" has "$work/err" "^ballast run: running 1 rank (started without mpirun); for N ranks use .mpirun -np N ballast run"
+code=$(run "$work/out" "$work/err2" -np 1 "$ballast" run --steps 1)
+check "run under mpirun -np 1 does not" bash -c "! grep -q 'started without mpirun' '$work/err2'"
+
 # scripts/ballast-run (the README's line): mpirun with the flags this machine needs; more
 # ranks than cores on this 2-core machine, so --oversubscribe is needed.
 wrapper="$(dirname "${BASH_SOURCE[0]}")/../../scripts/ballast-run"

@@ -538,6 +538,13 @@ int run_run(const RunArgs& args) {
     return job_code != 0;
   };
   if (agreed_failure()) return job_code;
+  // Started without mpirun (Open MPI's launcher sets OMPI_COMM_WORLD_SIZE; a singleton has
+  // no launcher), the job is this one rank: say so once the flags are good (a bad flag's
+  // error stays the one line), rather than run it silently.
+  if (ranks == 1 && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr && std::getenv("PMI_SIZE") == nullptr) {
+    fmt::print(stderr, "ballast run: running 1 rank (started without mpirun); for N ranks use "
+                       "`mpirun -np N ballast run ...` or scripts/ballast-run N ...\n");
+  }
   // Rank 0 decided; measure here when needed (every rank), then every rank takes rank 0's.
   int measure = host.measure ? 1 : 0;
   check_mpi(MPI_Bcast(&measure, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast");
