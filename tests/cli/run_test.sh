@@ -108,7 +108,7 @@ assert spans == {"measured", "predicted"}, spans
 PY
 }
 check "run trace has the measured and the predicted timelines" two_timelines "$work/trace.json"
-code=$(run "$work/set.json" "$work/err" -np 2 "$ballast" run --strategy packed-dp,zeppelin --format json)
+code=$(run "$work/set.json" "$work/err" -np 2 "$ballast" run --strategy packed-dp,zeppelin --format json --trace "$work/set-trace.json")
 check "run with two strategies exits 0" test "$code" = 0
 check "... ranks them measured vs predicted" /usr/bin/python3 -c "
 import json, sys
@@ -118,6 +118,17 @@ assert s['runs'][0]['loss'] == s['runs'][1]['loss'] or abs(s['runs'][0]['loss'] 
 r = s['ranking']
 assert r['strategies'] == ['packed-dp', 'zeppelin'] and len(r['predicted_busiest_busy_s']) == 2
 assert -1 <= r['rank_correlation'] <= 1 and isinstance(r['order_agrees'], bool)" "$work/set.json"
+check "... and --trace holds every strategy's measured and predicted timelines" /usr/bin/python3 -c "
+import json, sys
+events = json.load(open(sys.argv[1]))['traceEvents']
+names = {e['pid']: e['args']['name'] for e in events if e.get('name') == 'process_name'}
+groups = {' '.join(n.split()[:2]) for n in names.values()}
+assert groups == {'packed-dp measured', 'packed-dp predicted', 'zeppelin measured', 'zeppelin predicted'}, names
+spans = {' '.join(names[e['pid']].split()[:2]) for e in events if e['ph'] == 'X'}
+assert spans == groups, spans" "$work/set-trace.json"
+code=$(run "$work/set.txt" "$work/err" -np 2 "$ballast" run --strategy packed-dp,static-cp --trace "$work/set-trace2.json")
+check "... says where the trace went once" test "$(grep -c 'written to' "$work/set.txt")" = 1
+check "... for each strategy" has "$work/set.txt" "timelines of the first step of each of the 2 strategies written to"
 
 # ballast calibrate --host writes a cluster of this job; another rank count, a preset or a
 # single rank are refused with the reason and the fix.

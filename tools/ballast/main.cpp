@@ -126,7 +126,7 @@ int run(int argc, char** argv) {
   run_command->add_option("--strategy", run_args.options.strategy,
                           "strategy spec to plan each step with, or several (comma-separated): each "
                           "runs the same batches, and the report ranks them measured vs predicted "
-                          "(--trace: the first one's) [default: zeppelin]");
+                          "(--trace: each one's first step) [default: zeppelin]");
   run_command->add_option("--plan", run_args.options.plan_path, "run plans written by `ballast plan` instead");
   run_command->add_flag("--check", run_args.options.check,
                         "also run the single-process reference and report the largest relative "

@@ -170,9 +170,6 @@ void write_text(const driver::RunReport& report, const RunArgs& args, std::ostre
                100 * (summary.measured_step_s > 0 ? summary.predicted_step_s / summary.measured_step_s - 1 : 0.0));
   }
   if (args.options.check) fmt::print(out, "{}\n", check_verdict(report));
-  if (!args.trace_path.empty()) {
-    fmt::print(out, "measured and predicted timelines of the first step written to {}\n", args.trace_path);
-  }
   if (!report.blas_note.empty()) fmt::print(out, "{}\n", report.blas_note);
 }
 
@@ -597,7 +594,7 @@ int run_run(const RunArgs& args) {
   try {
     std::vector<driver::RunReport> reports;
     for (auto& [run_options, prepared_run] : runs) {
-      run_options.record_trace = !args.trace_path.empty() && reports.empty();  // the first strategy's
+      run_options.record_trace = !args.trace_path.empty();  // every strategy's first step
       RunProgressLines progress;
       reports.push_back(
           driver::run_training(run_options, std::move(prepared_run), MPI_COMM_WORLD, progress.callbacks()));
@@ -608,7 +605,19 @@ int run_run(const RunArgs& args) {
       if (!args.trace_path.empty()) {
         std::ofstream file(args.trace_path, std::ios::binary | std::ios::trunc);
         if (!file) throw InputError(fmt::format("--trace {}: cannot write this file", args.trace_path));
-        const TraceTimeline timelines[] = {{"measured", first.trace}, {"predicted", first.predicted_trace}};
+        // Two timelines per strategy, one above the other: "measured" and "predicted", with
+        // several strategies prefixed by theirs ("zeppelin measured rank 0 (node 0)").
+        std::vector<std::string> labels;
+        for (const driver::RunReport& report : reports) {
+          const std::string prefix = reports.size() == 1 ? "" : report.strategy + " ";
+          labels.push_back(prefix + "measured");
+          labels.push_back(prefix + "predicted");
+        }
+        std::vector<TraceTimeline> timelines;
+        for (std::size_t i = 0; i < reports.size(); ++i) {
+          timelines.push_back({labels[2 * i], reports[i].trace});
+          timelines.push_back({labels[2 * i + 1], reports[i].predicted_trace});
+        }
         write_chrome_trace(timelines, first.ranks, first.gpus_per_node, file);
       }
       std::ostringstream text;
@@ -626,6 +635,11 @@ int run_run(const RunArgs& args) {
       } else {
         for (const driver::RunReport& report : reports) write_text(report, args, text);
         if (reports.size() > 1) write_ranking(driver::rank_strategies(reports), text);
+        if (!args.trace_path.empty()) {
+          fmt::print(text, "measured and predicted timelines of the first step{} written to {}\n",
+                     reports.size() == 1 ? "" : fmt::format(" of each of the {} strategies", reports.size()),
+                     args.trace_path);
+        }
       }
       if (args.output.output_path.empty()) {
         std::cout << text.str();
