@@ -285,15 +285,32 @@ std::vector<double> ranks_of(const std::vector<double>& values) {
 StrategyRanking rank_strategies(std::span<const RunReport> runs, double margin) {
   StrategyRanking ranking;
   ranking.margin = margin;
+  std::vector<std::size_t> predicted;  // the strategies with every step predicted
   for (const RunReport& run : runs) {
     const PredictionSummary summary = summarise_prediction(run.steps);
+    double measured_busiest_s = 0;  // every step, predicted or not
+    for (const StepReport& step : run.steps) {
+      double busiest_s = 0;
+      for (const runtime::RankMeasurement& rank : step.ranks) busiest_s = std::max(busiest_s, rank.busy_s);
+      measured_busiest_s += busiest_s;
+    }
     ranking.strategies.push_back(run.strategy);
-    ranking.measured_busiest_s.push_back(summary.measured_busiest_s);
-    ranking.predicted_busiest_s.push_back(summary.predicted_busiest_s);
+    ranking.measured_busiest_s.push_back(measured_busiest_s);
+    const bool every_step = summary.predicted_steps == static_cast<int>(run.steps.size()) && !run.steps.empty();
+    if (every_step) predicted.push_back(ranking.strategies.size() - 1);
+    ranking.predicted_busiest_s.push_back(every_step ? std::optional<double>(summary.predicted_busiest_s)
+                                                     : std::nullopt);
+    ranking.notes.push_back(every_step ? std::string()
+                                       : summary.note.empty() ? "no step was predicted" : summary.note);
   }
-  const std::size_t n = runs.size();
+  const std::size_t n = predicted.size();
   if (n >= 2) {
-    const std::vector<double> x = ranks_of(ranking.measured_busiest_s), y = ranks_of(ranking.predicted_busiest_s);
+    std::vector<double> measured_s, predicted_s;
+    for (std::size_t i : predicted) {
+      measured_s.push_back(ranking.measured_busiest_s[i]);
+      predicted_s.push_back(*ranking.predicted_busiest_s[i]);
+    }
+    const std::vector<double> x = ranks_of(measured_s), y = ranks_of(predicted_s);
     const double mean = (static_cast<double>(n) + 1.0) / 2.0;
     double covariance = 0, x_variance = 0, y_variance = 0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -304,11 +321,12 @@ StrategyRanking rank_strategies(std::span<const RunReport> runs, double margin) 
     ranking.rank_correlation =
         x_variance > 0 && y_variance > 0 ? covariance / std::sqrt(x_variance * y_variance) : 1.0;
   }
-  for (std::size_t a = 0; a < n; ++a) {
-    for (std::size_t b = a + 1; b < n; ++b) {
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = i + 1; j < n; ++j) {
+      const std::size_t a = predicted[i], b = predicted[j];
       const double ma = ranking.measured_busiest_s[a], mb = ranking.measured_busiest_s[b];
       if (std::max(ma, mb) <= std::min(ma, mb) * (1 + margin)) continue;  // a tie
-      const double pa = ranking.predicted_busiest_s[a], pb = ranking.predicted_busiest_s[b];
+      const double pa = *ranking.predicted_busiest_s[a], pb = *ranking.predicted_busiest_s[b];
       if ((ma < mb) != (pa < pb)) {
         ranking.disagreements.push_back(fmt::format("{}/{}", ranking.strategies[a], ranking.strategies[b]));
       }

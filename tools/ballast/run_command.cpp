@@ -260,9 +260,15 @@ void write_ranking(const driver::StrategyRanking& ranking, std::ostream& out) {
   fmt::print(out, "\nstrategies on the same batches, busiest rank's busy time summed over the steps:\n");
   fmt::print(out, "  {:<32} {:>12} {:>12} {:>8}\n", "strategy", "measured (s)", "predicted (s)", "error");
   for (std::size_t i = 0; i < ranking.strategies.size(); ++i) {
-    const double measured = ranking.measured_busiest_s[i], predicted = ranking.predicted_busiest_s[i];
-    fmt::print(out, "  {:<32} {:>12.4f} {:>12.4f} {:>+7.1f}%\n", ranking.strategies[i], measured, predicted,
-               measured > 0 ? 100 * (predicted / measured - 1) : 0.0);
+    const double measured = ranking.measured_busiest_s[i];
+    const std::optional<double> predicted = ranking.predicted_busiest_s[i];
+    if (!predicted) {  // no prediction: "-", never a 0, and why (left out of the order)
+      fmt::print(out, "  {:<32} {:>12.4f} {:>12} {:>8}  (no prediction: {})\n", ranking.strategies[i], measured, "-",
+                 "-", ranking.notes[i]);
+      continue;
+    }
+    fmt::print(out, "  {:<32} {:>12.4f} {:>12.4f} {:>8}\n", ranking.strategies[i], measured, *predicted,
+               measured > 0 ? fmt::format("{:+.1f}%", 100 * (*predicted / measured - 1)) : "-");
   }
   fmt::print(out, "rank correlation {:+.2f}; the predicted order {} the measured one{}\n", ranking.rank_correlation,
              ranking.disagreements.empty() ? "matches" : "differs from",
@@ -276,7 +282,12 @@ nlohmann::ordered_json ranking_json(const driver::StrategyRanking& ranking) {
   nlohmann::ordered_json json;
   json["strategies"] = ranking.strategies;
   json["busiest_busy_s"] = ranking.measured_busiest_s;
-  json["predicted_busiest_busy_s"] = ranking.predicted_busiest_s;
+  nlohmann::ordered_json predicted = nlohmann::ordered_json::array();
+  for (const std::optional<double>& value : ranking.predicted_busiest_s) {
+    predicted.push_back(value ? nlohmann::ordered_json(*value) : nlohmann::ordered_json(nullptr));
+  }
+  json["predicted_busiest_busy_s"] = predicted;  // null: no prediction (notes says why)
+  json["notes"] = ranking.notes;
   json["rank_correlation"] = ranking.rank_correlation;
   json["order_agrees"] = ranking.disagreements.empty();
   json["disagreements"] = ranking.disagreements;

@@ -122,9 +122,15 @@ struct RunReport {
 /// measured: the busiest rank's busy time summed over the steps, measured and predicted,
 /// their Spearman rank correlation, and the pairs the prediction orders the wrong way
 /// among those whose measured times differ by more than `margin` (closer ones are ties).
+/// Strategies run on the same batches, measured against predicted. A strategy with a step
+/// the simulator did not predict (a --plan file that does not fit the host calibration)
+/// has no predicted figure (nullopt, with `notes[i]` saying why) and is left out of the
+/// correlation and the order; its measured figure stands.
 struct StrategyRanking {
   std::vector<std::string> strategies;
-  std::vector<double> measured_busiest_s, predicted_busiest_s;
+  std::vector<double> measured_busiest_s;  ///< sum over the steps of the busiest rank's busy time
+  std::vector<std::optional<double>> predicted_busiest_s;
+  std::vector<std::string> notes;  ///< why a strategy has no prediction (empty when it has)
   double rank_correlation = 1;
   std::vector<std::string> disagreements;  ///< "a/b": measured a < b, predicted a > b
   double margin = 0.05;
