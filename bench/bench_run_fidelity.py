@@ -29,6 +29,13 @@ WORKLOADS = {"default": [], "long": ["--length-scale", "16", "--rank-tokens", "8
 # Tensor parallelism (--tp 2: each plan rank is 2 MPI ranks), on request (--workloads).
 WORKLOADS["default-tp2"] = WORKLOADS["default"] + ["--tp", "2"]
 WORKLOADS["long-tp2"] = WORKLOADS["long"] + ["--tp", "2"]
+# Workloads the host cost model was not tuned on (docs/fidelity.md, "Outside the table"):
+# other datasets, length scales and seeds; `--workloads unseen` runs all four.
+WORKLOADS["prolong"] = ["--dataset", "prolong", "--length-scale", "32"]
+WORKLOADS["wikipedia"] = ["--dataset", "wikipedia", "--length-scale", "8"]
+WORKLOADS["long-seed1"] = WORKLOADS["long"] + ["--seed", "1"]
+WORKLOADS["scale8"] = ["--length-scale", "8", "--rank-tokens", "16384"]
+WORKLOAD_GROUPS = {"unseen": ["prolong", "wikipedia", "long-seed1", "scale8"]}
 DEFAULT_WORKLOADS = ["default", "long"]
 ORDER_MARGIN = 0.05  # measured times closer than this are a tie: either order agrees
 
@@ -99,7 +106,7 @@ def main():
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
-                        help=f"comma-separated, of {', '.join(WORKLOADS)}")
+                        help=f"comma-separated, of {', '.join(list(WORKLOADS) + list(WORKLOAD_GROUPS))}")
     parser.add_argument("--json", help="also write every row to this file")
     parser.add_argument("--quick", action="store_true",
                         help="CI: 2 ranks, the default workload, packed-dp and zeppelin, 1 step; "
@@ -112,14 +119,16 @@ def main():
         args.ranks, args.workloads, args.strategies, args.steps = "2", "default", "packed-dp,zeppelin", 1
     if not Path(args.ballast).exists() and shutil.which(args.ballast) is None:
         sys.exit(f"{args.ballast}: no such program; build it first (scripts/build)")
-    unknown = [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    workloads = [w for name in args.workloads.split(",") for w in WORKLOAD_GROUPS.get(name, [name])]
+    unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:
-        sys.exit(f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+        sys.exit(f"--workloads: unknown {', '.join(unknown)}; choose from "
+                 f"{', '.join(list(WORKLOADS) + list(WORKLOAD_GROUPS))}")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     rows, problems = [], []
-    print(f"{'workload':<8} {'np':>2} {'strategy':<15} {'busiest (s)':>11} {'predicted':>9} {'error':>7} "
+    print(f"{'workload':<10} {'np':>2} {'strategy':<15} {'busiest (s)':>11} {'predicted':>9} {'error':>7} "
           f"{'step wall':>9} {'predicted':>9} {'error':>7} {'rank |err| median':>17}")
-    for workload in args.workloads.split(","):
+    for workload in workloads:
         for ranks in [int(r) for r in args.ranks.split(",")]:
             group = []
             for strategy in args.strategies.split(","):
@@ -145,7 +154,7 @@ def main():
                        "cluster": prediction.get("cluster", "")}
                 rows.append(row)
                 group.append(row)
-                print(f"{workload:<8} {ranks:>2} {strategy:<15} {measured_busy:>11.4f} {predicted_busy:>9.4f} "
+                print(f"{workload:<10} {ranks:>2} {strategy:<15} {measured_busy:>11.4f} {predicted_busy:>9.4f} "
                       f"{100 * row['busiest_error']:>+6.1f}% {wall:>9.4f} {predicted_step:>9.4f} "
                       f"{100 * row['step_error']:>+6.1f}% {100 * row['busy_median_relative_error']:>16.1f}%",
                       flush=True)
@@ -158,7 +167,7 @@ def main():
             measured = [r["busiest_busy_s"] for r in group]
             predicted = [r["predicted_busiest_busy_s"] for r in group]
             wrong = order_disagreements(names, measured, predicted)
-            print(f"{workload:<8} {ranks:>2} rank correlation (busiest busy) {spearman(measured, predicted):+.2f}; "
+            print(f"{workload:<10} {ranks:>2} rank correlation (busiest busy) {spearman(measured, predicted):+.2f}; "
                   f"measured order {' < '.join(n for _, n in sorted(zip(measured, names)))}; "
                   f"order (pairs > {100 * ORDER_MARGIN:.0f}% apart) "
                   f"{'agrees' if not wrong else 'disagrees on ' + ', '.join(wrong)}", flush=True)
