@@ -130,6 +130,11 @@ std::uint64_t splitmix64_next(std::uint64_t& state);
 /// multiply-shift with rejection), drawn from splitmix64_next(state).
 std::uint64_t uniform_below(std::uint64_t& state, std::uint64_t bound);
 
+/// Throws InputError unless 1 <= steps <= kMaxSteps (limits.hpp): every step's batch is
+/// sampled and held before planning, so the count is checked before any is drawn. The one
+/// check of --steps that plan, simulate, compare and run share.
+void check_step_count(int steps);
+
 /// Draws global batches from a dataset. Deterministic: the same dataset, options and
 /// seed give the same batches on every platform (it uses its own integer mapping, not
 /// std::uniform_int_distribution, whose output is implementation-defined).

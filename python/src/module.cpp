@@ -265,7 +265,7 @@ PYBIND11_MODULE(_ballast, m) {
       [](const std::string& dataset, std::optional<Tokens> tokens_per_step,
          std::optional<std::int64_t> batch_size, int steps, std::uint64_t seed, Tokens max_context_tokens,
          const std::string& order, const std::string& over_context) {
-        if (steps < 1) throw InputError(fmt::format("steps must be at least 1; got {}", steps));
+        check_step_count(steps);  // every batch is held: --steps' limit
         const Dataset data = load_dataset(dataset);
         SamplerOptions options;
         options.tokens_per_step = tokens_per_step;

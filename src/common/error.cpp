@@ -19,7 +19,9 @@ std::atomic<Frontend> current_frontend_value{Frontend::cli};
 /// argument of ballast.sample_batches / plan / tensor_parallel_units / Cluster.load /
 /// Cluster.emulated, or the strategy spec's parameter ("static-cp:degree=4") where Python
 /// has no keyword.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 12> kPythonSettingNames{{
+constexpr std::array<std::pair<std::string_view, std::string_view>, 14> kPythonSettingNames{{
+    {"--steps", "steps"},
+    {"--seed", "seed"},
     {"--max-context", "max_context_tokens"},
     {"--tokens-per-step", "tokens_per_step"},
     {"--batch-size", "batch_size"},

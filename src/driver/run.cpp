@@ -121,9 +121,7 @@ std::vector<Plan> read_plans(const RunOptions& options, int ranks) {
 void check_sampling_options(const RunOptions& options) {
   if (options.length_scale < 1) throw InputError("--length-scale must be at least 1");
   if (options.rank_tokens < 1) throw InputError("--rank-tokens must be at least 1");
-  if (options.settings.steps < 1) {
-    throw InputError(fmt::format("--steps {} must be at least 1", options.settings.steps));
-  }
+  check_step_count(options.settings.steps);
 }
 
 std::vector<Plan> sample_and_plan(const RunOptions& options, int ranks) {

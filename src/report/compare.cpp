@@ -9,10 +9,8 @@
 #include <fmt/format.h>
 
 #include "ballast/error.hpp"
-#include "ballast/limits.hpp"
 #include "ballast/simulator.hpp"
 #include "ballast/tensor_parallel.hpp"
-#include "ballast/text.hpp"
 
 namespace ballast {
 
@@ -27,15 +25,7 @@ std::unique_ptr<CostModel> resolve_cost_model(const RunSettings& settings) {
 }
 
 RunInputs resolve_inputs(const RunSettings& settings) {
-  if (settings.steps < 1) {
-    throw InputError(fmt::format("--steps {} must be at least 1", settings.steps));
-  }
-  if (settings.steps > kMaxSteps) {  // every step's batch is sampled and held below
-    throw InputError(fmt::format("{} {} is over ballast's limit of {} steps per command; use "
-                                 "at most {} (more batches: another run with a different {})",
-                                 setting_name("--steps"), settings.steps,
-                                 with_thousands(kMaxSteps), kMaxSteps, setting_name("--seed")));
-  }
+  check_step_count(settings.steps);  // every step's batch is sampled and held below
   RunInputs inputs;
   inputs.dataset = load_dataset(settings.dataset);
   inputs.cost = resolve_cost_model(settings);

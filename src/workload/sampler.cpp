@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "ballast/error.hpp"
+#include "ballast/limits.hpp"
 #include "ballast/text.hpp"
 #include "ballast/workload.hpp"
 
@@ -155,6 +156,16 @@ std::uint64_t splitmix64_next(std::uint64_t& state) {
   mixed = (mixed ^ (mixed >> 30)) * 0xbf58476d1ce4e5b9ULL;
   mixed = (mixed ^ (mixed >> 27)) * 0x94d049bb133111ebULL;
   return mixed ^ (mixed >> 31);
+}
+
+void check_step_count(int steps) {
+  if (steps < 1) throw InputError(fmt::format("{} {} must be at least 1", setting_name("--steps"), steps));
+  if (steps > kMaxSteps) {
+    throw InputError(fmt::format("{} {} is over ballast's limit of {} steps per command; use "
+                                 "at most {} (more batches: another run with a different {})",
+                                 setting_name("--steps"), steps, with_thousands(kMaxSteps), kMaxSteps,
+                                 setting_name("--seed")));
+  }
 }
 
 std::uint64_t uniform_below(std::uint64_t& state, std::uint64_t bound) {

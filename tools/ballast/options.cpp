@@ -8,9 +8,7 @@
 #include <limits>
 
 #include "ballast/error.hpp"
-#include "ballast/limits.hpp"
 #include "ballast/strategy.hpp"
-#include "ballast/text.hpp"
 
 namespace ballast::cli {
 
@@ -126,14 +124,9 @@ void apply_workload_flags(const WorkloadFlags& flags, RunSettings& settings) {
   if (settings.nodes && *settings.nodes < 1) {
     throw InputError(fmt::format("--nodes {} must be at least 1", *settings.nodes));
   }
-  // Before anything is sampled (every step's batch is held at once): `ballast run` checks
-  // here only; plan, simulate and compare again in resolve_inputs().
-  if (settings.steps > kMaxSteps) {
-    throw InputError(fmt::format("--steps {} is over ballast's limit of {} steps per command; "
-                                 "use at most {} (more batches: another run with a different "
-                                 "--seed)",
-                                 settings.steps, with_thousands(kMaxSteps), kMaxSteps));
-  }
+  // Before anything is sampled or measured (every step's batch is held at once; `ballast
+  // run` would calibrate the host first); resolve_inputs() checks again for library callers.
+  check_step_count(settings.steps);
 }
 
 Format parse_format(const std::string& text) {
