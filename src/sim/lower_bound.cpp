@@ -397,15 +397,14 @@ LowerBound lower_bound(std::span<const Tokens> lengths_tokens, const CostModel& 
   // Monotone in the length, so the longest sequence's floor is the largest.
   // Its busiest member pays every micro-batch's overhead too.
   bound.longest_sequence_s = longest_sequence_floor_s(longest, bound.overhead_s, cost);
-  const Seconds longest_s = bound.longest_sequence_s;
-  if (longest_s > std::max(spread_s, fullest_s)) {
+  if (bound.longest_sequence_s > std::max(spread_s, fullest_s)) {
     bound.binding = fmt::format("the longest sequence ({} tokens) on its best group", longest);
   } else if (spread_s >= fullest_s) {
     bound.binding = fmt::format("compute spread over {} ranks", ranks);
   } else {
     bound.binding = "memory-forced micro-batches";
   }
-  bound.time_s = std::max({spread_s, fullest_s, longest_s}) + bound.gradient_sync_s;
+  bound.time_s = std::max({spread_s, fullest_s, bound.longest_sequence_s}) + bound.gradient_sync_s;
   // Overlapped, the buckets still run one after another (each waits for the previous), and
   // the first waits until every rank has run its whole forward work and 1 / B of its last
   // backward pass (docs/simulator.md section 7): what binds when the backward pass is too

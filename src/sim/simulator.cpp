@@ -176,7 +176,6 @@ void require_at_or_above_bound(const Plan& plan, const SimulationReport& report)
       bound.expert_imbalance_s));
 }
 
-
 SimulationReport simulate(const Plan& plan, const CostModel& cost,
                           const SimulationOptions& options) {
   require_valid(plan, cost, "plan");
