@@ -440,7 +440,6 @@ RunReport run_training(const RunOptions& options, PreparedRun prepared, MPI_Comm
   report.ranks = ranks;
   report.corpus_provenance = corpus.provenance;
   report.gpus_per_node = plans.front().cluster.gpus_per_node * plans.front().cluster.tensor_parallel.gpus;
-  report.host_cluster = fmt::format("{} ({})", options.host.name, options.host_source);
   std::map<std::pair<Scheme, int>, int> groups;
   for (const Plan& plan : plans) {
     for (const MicroBatch& micro_batch : plan.micro_batches) {

@@ -1,5 +1,8 @@
 // validate(): the Plan invariants of docs/plan-format.md, checked in order, reporting the
-// first violation in plain words with its location; require_valid().
+// first violation in plain words with its location; require_valid(). One file (~700 lines)
+// on purpose: the checks run in the order plan-format.md lists them and share the words
+// that locate a violation ("micro-batch m, group g (scheme)"); split by invariant, that
+// order and wording would be spread over files that must change together.
 #include <algorithm>
 #include <optional>
 #include <string>

@@ -110,7 +110,6 @@ struct RunReport {
   /// rank 0, with record_trace: the simulator's timeline of the first step's plan
   std::vector<TraceEvent> predicted_trace;
   int gpus_per_node = 1;
-  std::string host_cluster;        ///< the host calibration's name and where it came from
   std::string host_name;           ///< the host calibration's name
   std::string host_source;         ///< where it came from (RunOptions::host_source)
   std::string host_measured_at;    ///< its measured_on time (ISO 8601 UTC); empty: none
